@@ -1,1 +1,18 @@
-//! weft-ops
+//! weft-ops: the op set.
+//!
+//! Each op is declared once: its parameters and shape/dtype rules ([`op`]),
+//! the builder method a model calls to record it ([`builder`]), and a plain
+//! reference implementation that every backend is tested against
+//! ([`reference`]). Block-quantized formats live in [`quant`].
+//!
+//! Invariant: weft-ops knows nothing about devices, threads or caches; it
+//! records nodes through the [`builder::Recorder`] trait a runtime implements.
+
+pub mod dtype;
+mod error;
+pub mod quant;
+pub mod tensor;
+
+pub use dtype::DType;
+pub use error::OpError;
+pub use tensor::{Shape, Tensor};

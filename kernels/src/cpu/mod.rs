@@ -1,0 +1,2 @@
+//! CPU kernels.
+pub mod quant;

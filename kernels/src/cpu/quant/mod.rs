@@ -1,0 +1,1 @@
+//! Quantized dot products and matmul micro-kernels (being written).

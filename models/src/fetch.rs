@@ -1,0 +1,1 @@
+//! Default model fetch (being written).

@@ -1,0 +1,1 @@
+//! Block-quantized formats (being written).
