@@ -11,16 +11,27 @@ use crate::reorder::{conflict_level, note_node};
 
 /// Levels for eager execution in recorded order (0-based).
 pub fn recorded_order_levels(nodes: &[Node]) -> Vec<u32> {
+    recorded_order_levels_fenced(nodes, &[])
+}
+
+/// Recorded-order levels where `fences[i]` forces a barrier before node `i`
+/// (an explicit `barrier()`, or a node whose ranges are unknown).
+pub fn recorded_order_levels_fenced(nodes: &[Node], fences: &[bool]) -> Vec<u32> {
     let mut map = AccessMap::default();
     let mut current = 1u32;
+    let mut since_barrier = 0usize;
     nodes
         .iter()
-        .map(|node| {
+        .enumerate()
+        .map(|(i, node)| {
             // Every earlier node sits at a level <= current; a conflict with
             // the current level forces a barrier.
-            if conflict_level(&map, node) == current {
+            let fenced = fences.get(i).copied().unwrap_or(false) && since_barrier > 0;
+            if fenced || conflict_level(&map, node) == current {
                 current += 1;
+                since_barrier = 0;
             }
+            since_barrier += 1;
             note_node(&mut map, node, current);
             current - 1
         })

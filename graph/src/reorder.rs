@@ -100,16 +100,22 @@ impl Schedule {
 /// (see [`crate::cut`]), with `strategy` inside each command buffer.
 pub fn schedule(nodes: &[Node], cuts: &[Range<usize>], strategy: Strategy) -> Schedule {
     let mut map = AccessMap::default();
+    schedule_by(nodes, cuts, |slice, _| match strategy {
+        Strategy::Reorder => reorder_levels_with(slice, &mut map),
+        Strategy::RecordedOrder => baseline::recorded_order_levels(slice),
+        Strategy::GreedyWindow(w) => baseline::greedy_window_levels(slice, w),
+    })
+}
+
+/// Schedules with caller-chosen levels: `levels(slice, range)` returns the
+/// 0-based level of each node of one command buffer. The result is not
+/// checked here; run [`crate::checker::check`] on it.
+pub fn schedule_by(nodes: &[Node], cuts: &[Range<usize>], mut levels: impl FnMut(&[Node], Range<usize>) -> Vec<u32>) -> Schedule {
     let command_buffers = cuts
         .iter()
         .map(|cut| {
             let slice = &nodes[cut.clone()];
-            let levels = match strategy {
-                Strategy::Reorder => reorder_levels_with(slice, &mut map),
-                Strategy::RecordedOrder => baseline::recorded_order_levels(slice),
-                Strategy::GreedyWindow(w) => baseline::greedy_window_levels(slice, w),
-            };
-            build_command_buffer(slice, cut.clone(), levels)
+            build_command_buffer(slice, cut.clone(), levels(slice, cut.clone()))
         })
         .collect();
     Schedule { command_buffers }

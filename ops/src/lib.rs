@@ -16,3 +16,10 @@ pub mod tensor;
 pub use dtype::DType;
 pub use error::OpError;
 pub use tensor::{Shape, Tensor};
+pub mod builder;
+pub mod op;
+pub mod reference;
+mod rules;
+
+pub use builder::{Builder, Recorder};
+pub use op::{AttentionParams, Op, OpNode, RopeMode, RopeParams};

@@ -1,1 +1,29 @@
-//! weft-runtime
+//! weft-runtime: devices and buffers, the executor and its sessions, command
+//! buffers and their submission, scoped buffer pools and (later) the KV cache.
+//!
+//! The flow of one step: [`GraphExecutor::begin_recorded`] opens a
+//! [`GraphSession`]; model code records nodes through the builder API; the
+//! session's [`GraphSession::commit`] schedules them (reorder pass, command
+//! buffer cuts, checker in debug builds) and submits them to the device
+//! asynchronously; a [`SubmissionChain`] drains what was submitted.
+//!
+//! Invariant: the runtime knows nothing about model architectures.
+
+mod config;
+mod counters;
+mod error;
+mod executor;
+mod memory;
+mod pool;
+mod session;
+mod submission;
+mod threadpool;
+
+pub use config::{ExecutorConfig, Fault};
+pub use counters::Counters;
+pub use error::RuntimeError;
+pub use executor::{Device, GraphExecutor};
+pub use memory::HostBytes;
+pub use pool::{PoolScope, PoolStats};
+pub use session::{GraphSession, NodeTiming, SessionMode};
+pub use submission::{InFlight, SubmissionChain};

@@ -1,0 +1,138 @@
+//! The builder API model code records with.
+//!
+//! A runtime session implements [`Recorder`] (allocate a tensor from the
+//! current pool scope; record one node). Every [`Builder`] method checks its
+//! op's rules, allocates its outputs and records one node per dispatch, each
+//! with its own exact ranges. Model code only ever calls these methods.
+
+use crate::dtype::DType;
+use crate::op::{AttentionParams, Op, OpNode, RopeParams};
+use crate::tensor::Tensor;
+use crate::OpError;
+use std::sync::Arc;
+use weft_graph::Label;
+
+/// What a session offers the builder.
+pub trait Recorder {
+    /// A fresh tensor from the current pool scope.
+    fn alloc(&mut self, dtype: DType, dims: &[usize]) -> Result<Tensor, OpError>;
+    /// Records one node. `node` has already passed [`OpNode::validate`].
+    fn record(&mut self, node: OpNode, label: Label) -> Result<(), OpError>;
+}
+
+/// Builder methods, available on every [`Recorder`].
+pub trait Builder: Recorder {
+    /// Validates and records `op` over `inputs` into `outputs`.
+    fn push(&mut self, op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>, label: impl Into<Label>) -> Result<(), OpError> {
+        let node = OpNode::new(op, inputs, outputs);
+        node.validate()?;
+        self.record(node, label.into())
+    }
+
+    /// Records `op` with one freshly allocated output.
+    fn push_new(&mut self, op: Op, inputs: Vec<Tensor>, dtype: DType, dims: &[usize], label: impl Into<Label>) -> Result<Tensor, OpError> {
+        let out = self.alloc(dtype, dims)?;
+        self.push(op, inputs, vec![out], label)?;
+        Ok(out)
+    }
+
+    /// Embedding lookup: rows `ids` of `table`, as f32.
+    fn get_rows(&mut self, table: Tensor, ids: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        let dims = [ids.shape.elements(), table.cols()];
+        self.push_new(Op::GetRows, vec![table, ids], DType::F32, &dims, label)
+    }
+
+    /// Quantizes `x` into the activation format `w`'s matmul takes, or returns
+    /// `x` when that format is f32. Share the result between matmuls with the
+    /// same input (Q, K and V) to quantize once.
+    fn activations_for(&mut self, x: Tensor, weight_dtype: DType, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        let act = crate::quant::vec_dot_type(weight_dtype);
+        if act == x.dtype {
+            return Ok(x);
+        }
+        let dims = x.shape;
+        self.push_new(Op::QuantizeRows, vec![x], act, dims.dims(), label)
+    }
+
+    /// `x @ w^T`; quantizes `x` first when `w` needs it and `x` is f32.
+    fn matmul(&mut self, x: Tensor, w: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        let label = label.into();
+        let x = self.activations_for(x, w.dtype, format!("{label}.act"))?;
+        let dims = [x.rows(), w.rows()];
+        self.push_new(Op::MatMul, vec![x, w], DType::F32, &dims, label)
+    }
+
+    /// RMS norm times `weight`.
+    fn rms_norm(&mut self, x: Tensor, weight: Tensor, eps: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::RmsNorm { eps }, vec![x, weight], DType::F32, x.shape.dims(), label)
+    }
+
+    /// `a + b` (b: same shape or one row).
+    fn add(&mut self, a: Tensor, b: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Add, vec![a, b], DType::F32, a.shape.dims(), label)
+    }
+
+    /// `a + b` written into `a` (in place: a persistent residual stream).
+    fn add_into(&mut self, a: Tensor, b: Tensor, label: impl Into<Label>) -> Result<(), OpError> {
+        self.push(Op::Add, vec![a, b], vec![a], label)
+    }
+
+    /// `a * b` (b: same shape or one row).
+    fn mul(&mut self, a: Tensor, b: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Mul, vec![a, b], DType::F32, a.shape.dims(), label)
+    }
+
+    /// `x * factor`.
+    fn scale(&mut self, x: Tensor, factor: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Scale { factor }, vec![x], DType::F32, x.shape.dims(), label)
+    }
+
+    /// Rotary embedding of `x [n, heads * head_dim]` at `positions i32 [n]`.
+    fn rope(&mut self, x: Tensor, positions: Tensor, params: RopeParams, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Rope(params), vec![x, positions], DType::F32, x.shape.dims(), label)
+    }
+
+    /// Row softmax of `x * scale`.
+    fn softmax(&mut self, x: Tensor, scale: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Softmax { scale }, vec![x], DType::F32, x.shape.dims(), label)
+    }
+
+    /// Causal grouped-query attention of `q` over the cache views `k`, `v`.
+    fn attention(&mut self, q: Tensor, k: Tensor, v: Tensor, params: AttentionParams, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Attention(params), vec![q, k, v], DType::F32, q.shape.dims(), label)
+    }
+
+    /// `silu(gate) * up`.
+    fn silu_mul(&mut self, gate: Tensor, up: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::SiluMul, vec![gate, up], DType::F32, gate.shape.dims(), label)
+    }
+
+    /// Writes the rows of `src` into `dst` at `start..` (ring slots when `ring` is set).
+    fn set_rows(&mut self, src: Tensor, dst: Tensor, start: u32, ring: Option<u32>, label: impl Into<Label>) -> Result<(), OpError> {
+        self.push(Op::SetRows { start, ring }, vec![src], vec![dst], label)
+    }
+
+    /// Index of each row's maximum.
+    fn argmax(&mut self, x: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Argmax, vec![x], DType::I32, &[x.rows()], label)
+    }
+
+    /// Converts `x` to `dtype`.
+    fn copy_to(&mut self, x: Tensor, dtype: DType, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Copy, vec![x], dtype, x.shape.dims(), label)
+    }
+
+    /// A tensor holding `data` (host bytes, copied at record time and written
+    /// when the command buffer runs, so it is ordered with the work around it).
+    fn upload(&mut self, dtype: DType, dims: &[usize], data: &[u8], label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Write { data: Arc::from(data) }, vec![], dtype, dims, label)
+    }
+
+    /// `i32` values as a tensor (token ids, positions).
+    fn upload_i32(&mut self, values: &[i32], label: impl Into<Label>) -> Result<Tensor, OpError> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        self.upload(DType::I32, &[values.len()], bytes, label)
+    }
+}
+
+impl<R: Recorder + ?Sized> Builder for R {}

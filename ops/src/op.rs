@@ -1,0 +1,207 @@
+//! The op set: one enum, each variant with its parameters, its shape/dtype
+//! rules ([`OpNode::validate`]) and the byte ranges it reads and writes
+//! ([`OpNode::ranges`]).
+//!
+//! Adding an op: (1) a variant here with its rules and ranges, (2) a builder
+//! method in `builder.rs`, (3) its reference in `reference/`, (4) a kernel in
+//! every backend that supports it (`weft-kernels/src/<backend>/`), (5) a case
+//! in the cross-backend harness (`kernels/tests/ops_vs_reference.rs`).
+
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+use crate::OpError;
+use std::sync::Arc;
+use weft_graph::ByteRange;
+
+/// Rotary embedding layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs `(2i, 2i+1)` rotate together (GGUF llama layout).
+    Normal,
+    /// Halves `(i, i + n_dims/2)` rotate together (GPT-NeoX layout).
+    Neox,
+}
+
+/// Rotary embedding parameters (YaRN-capable; defaults are plain RoPE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub mode: RopeMode,
+    /// Number of rotated dimensions per head (<= head size; the rest pass through).
+    pub n_dims: usize,
+    pub head_dim: usize,
+    pub base: f32,
+    /// Linear position scaling (1 / scaling factor).
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix (0: off).
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Training context length, used by YaRN.
+    pub orig_ctx: u32,
+}
+
+impl RopeParams {
+    /// Plain RoPE over `n_dims` of `head_dim` with `base`.
+    pub fn plain(mode: RopeMode, head_dim: usize, n_dims: usize, base: f32) -> Self {
+        Self {
+            mode,
+            n_dims,
+            head_dim,
+            base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            orig_ctx: 0,
+        }
+    }
+}
+
+/// Causal grouped-query attention over a KV cache view.
+///
+/// Query row `i` sits at position `q_position + i`. The cache view holds
+/// `kv_rows` rows; without a ring, row `r` holds position `r` and rows
+/// `0..q_position + n` are valid. With a ring of `R` rows, slot `s` holds the
+/// latest position `p < q_position + n` with `p % R == s`. A query at `p`
+/// sees cached position `c` when `c <= p` and, with a window `W`, `p - c < W`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub q_position: u32,
+    pub window: Option<u32>,
+    pub ring: Option<u32>,
+    /// Logit soft-capping `c * tanh(s / c)` (0: off).
+    pub softcap: f32,
+}
+
+/// One op with its parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `out[i] = dequant(table[ids[i]])`: inputs `table [rows, cols]` (any
+    /// supported type), `ids i32 [n]`; output `f32 [n, cols]`.
+    GetRows,
+    /// Quantizes `f32 [n, k]` rows to the output's activation format.
+    QuantizeRows,
+    /// `out = x @ w^T`: inputs `x [n, k]` (f32, or already in `w`'s
+    /// activation format), `w [m, k]`; output `f32 [n, m]`.
+    MatMul,
+    /// `out = x / sqrt(mean(x^2) + eps) * w`: inputs `x f32 [n, d]`, `w f32 [d]`.
+    RmsNorm { eps: f32 },
+    /// `out = a + b`; `b` has `a`'s shape or a single row broadcast over rows.
+    Add,
+    /// `out = a * b`, broadcasting like `Add`.
+    Mul,
+    /// `out = x * factor`.
+    Scale { factor: f32 },
+    /// Rotary embedding: inputs `x f32 [n, heads * head_dim]`, `positions i32 [n]`.
+    Rope(RopeParams),
+    /// Row softmax of `x * scale`.
+    Softmax { scale: f32 },
+    /// Attention: inputs `q f32 [n, heads * head_dim]`, `k`, `v` (f16 or f32,
+    /// `[kv_rows, kv_heads * head_dim]`); output `f32 [n, heads * head_dim]`.
+    Attention(AttentionParams),
+    /// `out = silu(gate) * up`.
+    SiluMul,
+    /// Writes `src f32 [n, d]` into rows `start..start + n` of `dst` (ring
+    /// slots `p % ring` when `ring` is set), converting to `dst`'s type. The
+    /// output tensor is the whole destination; only those rows are written.
+    SetRows { start: u32, ring: Option<u32> },
+    /// Index of the largest value of each row (ties: lowest index); output `i32 [n]`.
+    Argmax,
+    /// Copies with type conversion (f32 <-> f16/bf16).
+    Copy,
+    /// Writes host bytes captured at record time into the output.
+    Write { data: Arc<[u8]> },
+}
+
+impl Op {
+    /// Short name used in labels, dumps and profiles.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::GetRows => "get_rows",
+            Op::QuantizeRows => "quantize",
+            Op::MatMul => "matmul",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale { .. } => "scale",
+            Op::Rope(_) => "rope",
+            Op::Softmax { .. } => "softmax",
+            Op::Attention(_) => "attention",
+            Op::SiluMul => "silu_mul",
+            Op::SetRows { .. } => "set_rows",
+            Op::Argmax => "argmax",
+            Op::Copy => "copy",
+            Op::Write { .. } => "write",
+        }
+    }
+}
+
+/// An op applied to tensors: what a node of a recording computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpNode {
+    pub op: Op,
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<Tensor>,
+}
+
+impl OpNode {
+    pub fn new(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> Self {
+        Self { op, inputs, outputs }
+    }
+
+    /// Exact byte ranges read and written. Most ops touch their tensors
+    /// whole; `SetRows` writes only the destination rows it fills.
+    pub fn ranges(&self) -> (Vec<ByteRange>, Vec<ByteRange>) {
+        let reads = self.inputs.iter().map(Tensor::range).collect();
+        let writes = match (&self.op, self.outputs.first(), self.inputs.first()) {
+            (Op::SetRows { start, ring }, Some(dst), Some(src)) => set_rows_ranges(dst, src.rows(), *start, *ring),
+            _ => self.outputs.iter().map(Tensor::range).collect(),
+        };
+        (reads, writes)
+    }
+
+    /// Checks arity, shapes and types. Builder methods call this before recording.
+    pub fn validate(&self) -> Result<(), OpError> {
+        crate::rules::validate(self)
+    }
+}
+
+/// Destination rows written by `SetRows`, coalesced into contiguous runs.
+fn set_rows_ranges(dst: &Tensor, n: usize, start: u32, ring: Option<u32>) -> Vec<ByteRange> {
+    let row = dst.row_bytes() as u64;
+    let slot = |p: u64| match ring {
+        Some(r) if r > 0 => p % r as u64,
+        _ => p,
+    };
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for i in 0..n as u64 {
+        let s = slot(start as u64 + i);
+        match runs.last_mut() {
+            Some((_, end)) if *end == s => *end += 1,
+            _ => runs.push((s, s + 1)),
+        }
+    }
+    runs.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in runs {
+        match merged.last_mut() {
+            Some((_, end)) if *end >= s => *end = (*end).max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(s, e)| ByteRange::new(dst.buffer, dst.offset + s * row, dst.offset + e * row))
+        .collect()
+}
+
+/// True for the plain float types kernels read as values.
+pub fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}

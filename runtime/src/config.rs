@@ -1,0 +1,39 @@
+//! Executor settings.
+
+use weft_graph::cut::CutPolicy;
+
+/// A deliberate failure, for fault-injection tests: the first node whose
+/// label contains `label` fails when it runs, `after` matching nodes later
+/// (0: the first match).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub label: String,
+    pub after: usize,
+}
+
+/// How an executor schedules and runs what it records.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutorConfig {
+    /// Worker threads (CPU).
+    pub threads: usize,
+    /// Run the reorder pass on `commit` (off: recorded order, for diagnosis).
+    pub reorder: bool,
+    /// Where command buffers are cut.
+    pub cut: CutPolicy,
+    /// Run the independent checker on every schedule (on in debug builds).
+    pub check_schedules: bool,
+    /// Fault injection (tests).
+    pub fault: Option<Fault>,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            reorder: true,
+            cut: CutPolicy::default(),
+            check_schedules: cfg!(debug_assertions),
+            fault: None,
+        }
+    }
+}

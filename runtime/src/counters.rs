@@ -1,0 +1,64 @@
+//! Counters kept apart, as the seed runtime did: dispatches, barriers,
+//! command buffers, commits, waits, pool allocations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters of one executor (shared with in-flight work).
+#[derive(Debug, Default)]
+pub(crate) struct LiveCounters {
+    pub dispatches: AtomicU64,
+    pub barriers: AtomicU64,
+    pub command_buffers: AtomicU64,
+    pub commits: AtomicU64,
+    pub waits: AtomicU64,
+    pub pool_allocations: AtomicU64,
+}
+
+/// A snapshot of an executor's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Nodes executed.
+    pub dispatches: u64,
+    /// Barriers executed (level boundaries inside command buffers).
+    pub barriers: u64,
+    /// Command buffers submitted.
+    pub command_buffers: u64,
+    /// `commit` calls (one may submit several command buffers).
+    pub commits: u64,
+    /// Waits on in-flight work.
+    pub waits: u64,
+    /// Buffers the pools had to allocate (not recycle).
+    pub pool_allocations: u64,
+}
+
+impl LiveCounters {
+    pub(crate) fn snapshot(&self) -> Counters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Counters {
+            dispatches: g(&self.dispatches),
+            barriers: g(&self.barriers),
+            command_buffers: g(&self.command_buffers),
+            commits: g(&self.commits),
+            waits: g(&self.waits),
+            pool_allocations: g(&self.pool_allocations),
+        }
+    }
+
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+    fn sub(self, o: Counters) -> Counters {
+        Counters {
+            dispatches: self.dispatches - o.dispatches,
+            barriers: self.barriers - o.barriers,
+            command_buffers: self.command_buffers - o.command_buffers,
+            commits: self.commits - o.commits,
+            waits: self.waits - o.waits,
+            pool_allocations: self.pool_allocations - o.pool_allocations,
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The executor: owns a device's buffers, its pools and (on the CPU) its
+//! thread pool, and opens recording sessions.
+
+use crate::config::ExecutorConfig;
+use crate::counters::{Counters, LiveCounters};
+use crate::memory::{HostBytes, Storage};
+use crate::pool::{PoolScope, PoolStats, Pools};
+use crate::session::{GraphSession, SessionMode};
+use crate::threadpool::{Job, ThreadPool};
+use crate::RuntimeError;
+use std::sync::Arc;
+use std::time::Instant;
+use weft_graph::dump::BufferInfo;
+use weft_graph::BufferId;
+use weft_ops::{DType, Shape, Tensor};
+
+/// Where work runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// Host CPU with a persistent thread pool.
+    Cpu,
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+        }
+    }
+}
+
+pub(crate) struct BufferEntry {
+    pub storage: Arc<Storage>,
+    pub name: String,
+}
+
+/// Runs recorded graphs on one device.
+pub struct GraphExecutor {
+    device: Device,
+    pub(crate) config: ExecutorConfig,
+    pub(crate) buffers: Vec<Option<BufferEntry>>,
+    pub(crate) pool: ThreadPool,
+    pub(crate) counters: Arc<LiveCounters>,
+    pub(crate) pools: Pools,
+    /// The most recently submitted jobs: host access waits for them.
+    pub(crate) last_jobs: Vec<Arc<Job>>,
+    pub(crate) epoch: Instant,
+    pub(crate) fault_seen: usize,
+}
+
+impl GraphExecutor {
+    /// An executor with the default configuration.
+    pub fn new(device: Device) -> Result<GraphExecutor, RuntimeError> {
+        Self::with_config(device, ExecutorConfig::default())
+    }
+
+    /// An executor with `config`.
+    pub fn with_config(device: Device, config: ExecutorConfig) -> Result<GraphExecutor, RuntimeError> {
+        if config.threads == 0 {
+            return Err(RuntimeError::Usage("threads must be at least 1".into()));
+        }
+        let counters = Arc::new(LiveCounters::default());
+        let pool = ThreadPool::new(config.threads, Arc::clone(&counters))?;
+        Ok(GraphExecutor {
+            device,
+            config,
+            buffers: Vec::new(),
+            pool,
+            counters,
+            pools: Pools::default(),
+            last_jobs: Vec::new(),
+            epoch: Instant::now(),
+            fault_seen: 0,
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.config
+    }
+
+    /// Changes scheduling settings (threads are fixed at creation).
+    pub fn config_mut(&mut self) -> &mut ExecutorConfig {
+        &mut self.config
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// A zeroed device buffer of `bytes` bytes that the pools never touch.
+    pub fn alloc_buffer(&mut self, bytes: u64, name: &str) -> Result<BufferId, RuntimeError> {
+        let len = usize::try_from(bytes).map_err(|_| RuntimeError::OutOfMemory { bytes, name: name.into() })?;
+        let storage = Storage::owned(len, name)?;
+        Ok(self.insert(storage, name))
+    }
+
+    /// A persistent zeroed tensor in its own buffer.
+    pub fn alloc_tensor(&mut self, dtype: DType, dims: &[usize], name: &str) -> Result<Tensor, RuntimeError> {
+        let t = Tensor::new(BufferId(0), 0, dtype, Shape::new(dims))?;
+        let id = self.alloc_buffer(t.bytes(), name)?;
+        Ok(Tensor { buffer: id, ..t })
+    }
+
+    /// Wraps read-only host bytes (a memory-mapped file) as a buffer, without copying.
+    pub fn map_bytes(&mut self, bytes: Arc<dyn HostBytes>, name: &str) -> BufferId {
+        self.insert(Storage::borrowed(bytes), name)
+    }
+
+    fn insert(&mut self, storage: Storage, name: &str) -> BufferId {
+        let entry = BufferEntry {
+            storage: Arc::new(storage),
+            name: name.to_string(),
+        };
+        if let Some(i) = self.buffers.iter().position(Option::is_none) {
+            self.buffers[i] = Some(entry);
+            return BufferId(i as u32);
+        }
+        self.buffers.push(Some(entry));
+        BufferId(self.buffers.len() as u32 - 1)
+    }
+
+    /// Releases a buffer (in-flight work keeps its memory alive until done).
+    pub fn release_buffer(&mut self, id: BufferId) {
+        if let Some(slot) = self.buffers.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    pub(crate) fn entry(&self, id: BufferId) -> Result<&BufferEntry, RuntimeError> {
+        self.buffers
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| RuntimeError::Usage(format!("buffer {id} does not exist (released or never allocated)")))
+    }
+
+    /// Size of a buffer in bytes.
+    pub fn buffer_len(&self, id: BufferId) -> Option<u64> {
+        self.entry(id).ok().map(|e| e.storage.len() as u64)
+    }
+
+    /// Every live buffer, for dumps.
+    pub fn buffer_infos(&self) -> Vec<BufferInfo> {
+        self.buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.as_ref().map(|e| BufferInfo {
+                    id: i as u32,
+                    bytes: e.storage.len() as u64,
+                    name: e.name.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until everything submitted so far has run (failures are
+    /// reported to whoever holds the in-flight handles, not here).
+    pub fn synchronize(&mut self) {
+        for job in self.last_jobs.drain(..) {
+            job.wait_done();
+        }
+    }
+
+    /// Copies a tensor's bytes to the host, after in-flight work completes.
+    pub fn read_bytes(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
+        self.synchronize();
+        let e = self.entry(t.buffer)?;
+        let range = t.offset as usize..(t.offset + t.bytes()) as usize;
+        e.storage
+            .bytes()
+            .get(range)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| RuntimeError::Usage(format!("tensor {t:?} lies outside its buffer")))
+    }
+
+    /// A tensor's values as f32 (f32, f16, bf16 or quantized, converted).
+    pub fn read_f32(&mut self, t: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        let bytes = self.read_bytes(t)?;
+        Ok(weft_ops::reference::to_f32(&bytes, t.dtype, t.shape.elements())?)
+    }
+
+    /// An i32 tensor's values.
+    pub fn read_i32(&mut self, t: &Tensor) -> Result<Vec<i32>, RuntimeError> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(t)?))
+    }
+
+    /// Overwrites a tensor's bytes from the host, after in-flight work completes.
+    pub fn write_bytes(&mut self, t: &Tensor, data: &[u8]) -> Result<(), RuntimeError> {
+        self.synchronize();
+        let e = self.entry(t.buffer)?;
+        if !e.storage.writable() {
+            return Err(RuntimeError::Usage(format!("buffer `{}` is read-only", e.name)));
+        }
+        if data.len() as u64 != t.bytes() || t.offset + t.bytes() > e.storage.len() as u64 {
+            return Err(RuntimeError::Usage(format!("{} bytes do not fit tensor {t:?}", data.len())));
+        }
+        // SAFETY: no work is in flight (synchronized above), the storage is
+        // owned and writable, and the range was checked against its length.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), e.storage.base().add(t.offset as usize), data.len()) };
+        Ok(())
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> Counters {
+        let mut c = self.counters.snapshot();
+        c.pool_allocations = self.pools.stats.allocations;
+        c
+    }
+
+    /// Pool figures.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pools.stats
+    }
+
+    /// Opens a pool scope outside any session (sessions can open them too).
+    pub fn begin_pool_scope(&mut self, kind: PoolScope) {
+        self.pools.begin(kind);
+    }
+
+    /// Ends the innermost pool scope.
+    pub fn end_pool_scope(&mut self) -> Option<PoolScope> {
+        self.pools.end()
+    }
+
+    /// Frees the memory of pooled buffers that are not in use.
+    pub fn release_pool_scratch(&mut self) {
+        for (id, _) in self.pools.release_free() {
+            self.release_buffer(id);
+        }
+    }
+
+    /// A pooled tensor from the innermost scope.
+    pub(crate) fn pool_alloc(&mut self, dtype: DType, dims: &[usize]) -> Result<Tensor, RuntimeError> {
+        let t = Tensor::new(BufferId(0), 0, dtype, Shape::new(dims))?;
+        let bytes = t.bytes();
+        let id = match self.pools.take(bytes) {
+            Some(id) => id,
+            None => {
+                let id = self.alloc_buffer(bytes, &format!("pool.{dtype}.{bytes}"))?;
+                self.pools.adopt(id, bytes);
+                id
+            }
+        };
+        Ok(Tensor { buffer: id, ..t })
+    }
+
+    /// Opens an eager session: nodes run in recorded order, with a barrier
+    /// only where a node conflicts with what ran since the last barrier.
+    pub fn begin(&mut self) -> GraphSession<'_> {
+        GraphSession::new(self, SessionMode::Eager)
+    }
+
+    /// Opens a recorded session: nodes are scheduled by the reorder pass on commit.
+    pub fn begin_recorded(&mut self) -> GraphSession<'_> {
+        GraphSession::new(self, SessionMode::Recorded)
+    }
+}
+
+impl Drop for GraphExecutor {
+    fn drop(&mut self) {
+        self.synchronize();
+    }
+}

@@ -1,0 +1,103 @@
+//! Host memory behind buffers: owned, 64-byte aligned, zeroed allocations, or
+//! read-only bytes someone else owns (a memory-mapped GGUF file).
+
+use crate::RuntimeError;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Read-only host bytes a buffer can wrap without copying (e.g. an mmap).
+pub trait HostBytes: Send + Sync + 'static {
+    fn host_bytes(&self) -> &[u8];
+}
+
+impl HostBytes for memmap2::Mmap {
+    fn host_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostBytes for Vec<u8> {
+    fn host_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+const ALIGN: usize = 64;
+
+enum Backing {
+    Owned { ptr: NonNull<u8>, layout: Layout },
+    Borrowed(Arc<dyn HostBytes>),
+}
+
+/// The memory of one buffer.
+pub(crate) struct Storage {
+    backing: Backing,
+    len: usize,
+}
+
+// SAFETY: Storage is a fixed allocation; concurrent access to its bytes is
+// coordinated by the schedule (no two nodes of one level touch overlapping
+// bytes where one writes) and by waiting for in-flight work before host reads
+// or writes.
+unsafe impl Send for Storage {}
+// SAFETY: as above.
+unsafe impl Sync for Storage {}
+
+impl Storage {
+    /// Zeroed, 64-byte aligned memory of `len` bytes (at least one byte is
+    /// allocated so every buffer has a distinct address).
+    pub(crate) fn owned(len: usize, name: &str) -> Result<Storage, RuntimeError> {
+        let oom = || RuntimeError::OutOfMemory {
+            bytes: len as u64,
+            name: name.to_string(),
+        };
+        let layout = Layout::from_size_align(len.max(1), ALIGN).map_err(|_| oom())?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(oom)?;
+        Ok(Storage {
+            backing: Backing::Owned { ptr, layout },
+            len,
+        })
+    }
+
+    /// Wraps read-only bytes.
+    pub(crate) fn borrowed(bytes: Arc<dyn HostBytes>) -> Storage {
+        let len = bytes.host_bytes().len();
+        Storage {
+            backing: Backing::Borrowed(bytes),
+            len,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        matches!(self.backing, Backing::Owned { .. })
+    }
+
+    /// Base address. Writing through it is allowed only for owned storage.
+    pub(crate) fn base(&self) -> *mut u8 {
+        match &self.backing {
+            Backing::Owned { ptr, .. } => ptr.as_ptr(),
+            Backing::Borrowed(b) => b.host_bytes().as_ptr() as *mut u8,
+        }
+    }
+
+    /// The bytes. Callers make sure no work writing them is in flight.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: base() points at len initialised bytes that live as long as self.
+        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Backing::Owned { ptr, layout } = self.backing {
+            // SAFETY: allocated in `owned` with this very layout.
+            unsafe { dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+}

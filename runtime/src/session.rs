@@ -1,0 +1,344 @@
+//! Recording sessions: the [`Recorder`] model code records into, and the
+//! path from a recording to submitted command buffers.
+
+use crate::executor::GraphExecutor;
+use crate::pool::PoolScope;
+use crate::submission::InFlight;
+use crate::threadpool::{Job, Level, PreparedNode};
+use crate::RuntimeError;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use weft_graph::cut::cut;
+use weft_graph::reorder::{schedule, schedule_by, Strategy};
+use weft_graph::{baseline, checker, ByteRange, Label, Node, Schedule};
+use weft_kernels::cpu::{self, HostTensor};
+use weft_ops::{DType, OpError, OpNode, Recorder, Tensor};
+
+/// How a session turns its recording into levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionMode {
+    /// Recorded order; a barrier only where needed (and where asked for).
+    Eager,
+    /// Levels from the reorder pass (unless the executor's `reorder` is off).
+    Recorded,
+}
+
+/// Measured time of one node (from `finish_with_timing`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct NodeTiming {
+    pub op: &'static str,
+    pub label: String,
+    pub layer: Option<u32>,
+    pub command_buffer: usize,
+    pub level: u32,
+    /// From the first piece's start to the last piece's end.
+    pub micros: f64,
+}
+
+/// An open recording. Dropping it unfinished discards what it recorded.
+pub struct GraphSession<'e> {
+    exec: &'e mut GraphExecutor,
+    mode: SessionMode,
+    nodes: Vec<Node>,
+    payloads: Vec<OpNode>,
+    fences: Vec<bool>,
+    layer: Option<u32>,
+    fence_next: bool,
+    scope_depth: usize,
+}
+
+impl<'e> GraphSession<'e> {
+    pub(crate) fn new(exec: &'e mut GraphExecutor, mode: SessionMode) -> Self {
+        let scope_depth = exec.pools.depth();
+        Self {
+            exec,
+            mode,
+            nodes: Vec::new(),
+            payloads: Vec::new(),
+            fences: Vec::new(),
+            layer: None,
+            fence_next: false,
+            scope_depth,
+        }
+    }
+
+    pub fn mode(&self) -> SessionMode {
+        self.mode
+    }
+
+    /// The layer the next nodes belong to (for command-buffer cuts and dumps).
+    pub fn set_layer(&mut self, layer: Option<u32>) {
+        self.layer = layer;
+    }
+
+    /// Nodes recorded so far.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The executor behind this session.
+    pub fn executor(&mut self) -> &mut GraphExecutor {
+        self.exec
+    }
+
+    /// An explicit barrier. Eager sessions honour it (a barrier before any
+    /// node is a no-op); recorded sessions derive barriers from ranges and
+    /// ignore it.
+    pub fn barrier(&mut self) {
+        if self.mode == SessionMode::Eager && !self.nodes.is_empty() {
+            self.fence_next = true;
+        }
+    }
+
+    /// Opens a pool scope; tensors allocated until the matching
+    /// [`end_pool_scope`](Self::end_pool_scope) are recycled when it ends.
+    pub fn begin_pool_scope(&mut self, kind: PoolScope) {
+        self.exec.pools.begin(kind);
+    }
+
+    /// Ends the innermost scope opened in this session.
+    pub fn end_pool_scope(&mut self) -> Result<PoolScope, RuntimeError> {
+        if self.exec.pools.depth() <= self.scope_depth {
+            return Err(RuntimeError::Usage("end_pool_scope without a matching begin_pool_scope in this session".into()));
+        }
+        self.exec.pools.end().ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))
+    }
+
+    /// Records `node` with explicit ranges. `None` means "unknown": refused
+    /// in a recorded session (naming the op and label); in an eager session
+    /// the node gets a barrier before and after it.
+    pub fn record_with_ranges(&mut self, node: OpNode, label: Label, reads: Option<Vec<ByteRange>>, writes: Option<Vec<ByteRange>>) -> Result<(), RuntimeError> {
+        node.validate()?;
+        let unknown = reads.is_none() || writes.is_none();
+        let (reads, writes) = match (self.mode, unknown) {
+            (SessionMode::Recorded, _) | (SessionMode::Eager, false) => (reads, writes),
+            (SessionMode::Eager, true) => {
+                let (r, w) = node.ranges();
+                (Some(r), Some(w))
+            }
+        };
+        let graph_node = Node::checked(node.op.name(), label, self.layer, reads, writes)?;
+        self.check_memory(&node, &graph_node)?;
+        cpu::supports(&node)?;
+        self.fences.push(self.fence_next || unknown);
+        self.fence_next = unknown;
+        self.nodes.push(graph_node);
+        self.payloads.push(node);
+        Ok(())
+    }
+
+    /// Every tensor lies inside a live buffer; nothing writes read-only memory;
+    /// declared ranges cover the tensors (so kernels cannot touch undeclared bytes).
+    fn check_memory(&self, node: &OpNode, graph_node: &Node) -> Result<(), RuntimeError> {
+        for t in node.inputs.iter().chain(&node.outputs) {
+            let e = self.exec.entry(t.buffer)?;
+            if t.offset + t.bytes() > e.storage.len() as u64 {
+                return Err(OpError::Record(format!("`{}` ({}): tensor {t:?} runs past the end of buffer `{}` ({} bytes)", node.op.name(), graph_node.label, e.name, e.storage.len())).into());
+            }
+        }
+        for w in &graph_node.writes {
+            let e = self.exec.entry(w.buffer)?;
+            if !e.storage.writable() {
+                return Err(OpError::Record(format!("`{}` ({}) writes read-only buffer `{}`", node.op.name(), graph_node.label, e.name)).into());
+            }
+        }
+        let covered = |t: &Tensor, ranges: &[ByteRange]| {
+            let r = t.range();
+            ranges.iter().any(|x| x.buffer == r.buffer && x.start <= r.start && r.end <= x.end)
+        };
+        let inputs_ok = node.inputs.iter().all(|t| covered(t, &graph_node.reads));
+        if !inputs_ok && self.mode == SessionMode::Recorded && !matches!(node.op, weft_ops::Op::Attention(_)) {
+            return Err(OpError::Record(format!("`{}` ({}): declared reads do not cover its inputs", node.op.name(), graph_node.label)).into());
+        }
+        Ok(())
+    }
+
+    /// Schedules, checks and submits everything recorded; returns at once.
+    pub fn commit(self) -> Result<InFlight, RuntimeError> {
+        let strategy = match self.mode {
+            SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
+            SessionMode::Recorded => Some(Strategy::RecordedOrder),
+            SessionMode::Eager => None,
+        };
+        self.submit(strategy, false).map(|(inflight, _)| inflight)
+    }
+
+    /// Commits and waits.
+    pub fn finish(self) -> Result<(), RuntimeError> {
+        self.commit()?.wait()
+    }
+
+    /// Schedules with the reorder pass, runs, waits; returns
+    /// `(reordered nodes, barriers)` like the seed API.
+    pub fn finish_with_reorder(self) -> Result<(usize, usize), RuntimeError> {
+        if self.mode != SessionMode::Recorded {
+            return Err(RuntimeError::Usage("finish_with_reorder() needs a session from begin_recorded(); begin() runs in recorded order".into()));
+        }
+        let (inflight, s) = self.submit(Some(Strategy::Reorder), false)?;
+        inflight.wait()?;
+        Ok((s.reordered(), s.barriers()))
+    }
+
+    /// Runs with per-node timing (the schedule is the same as `commit`'s:
+    /// timing never changes it) and returns each node's time.
+    pub fn finish_with_timing(self) -> Result<Vec<NodeTiming>, RuntimeError> {
+        let strategy = match self.mode {
+            SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
+            SessionMode::Recorded => Some(Strategy::RecordedOrder),
+            SessionMode::Eager => None,
+        };
+        let (inflight, _) = self.submit(strategy, true)?;
+        let jobs = inflight.jobs.clone();
+        inflight.wait()?;
+        Ok(collect_timings(&jobs))
+    }
+
+    /// The recording and its schedule, without running anything (for dumps).
+    pub fn into_schedule(mut self) -> Result<(Vec<Node>, Schedule), RuntimeError> {
+        let s = self.schedule(match self.mode {
+            SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
+            SessionMode::Recorded => Some(Strategy::RecordedOrder),
+            SessionMode::Eager => None,
+        })?;
+        self.end_scopes();
+        Ok((std::mem::take(&mut self.nodes), s))
+    }
+
+    /// The schedule of what was recorded under `strategy` (`None`: eager).
+    pub fn schedule(&self, strategy: Option<Strategy>) -> Result<Schedule, RuntimeError> {
+        let cuts = cut(&self.nodes, &self.exec.config.cut);
+        let s = match strategy {
+            Some(st) => schedule(&self.nodes, &cuts, st),
+            None => schedule_by(&self.nodes, &cuts, |slice, range| baseline::recorded_order_levels_fenced(slice, &self.fences[range])),
+        };
+        if self.exec.config.check_schedules {
+            checker::check(&self.nodes, &s)?;
+        }
+        Ok(s)
+    }
+
+    fn end_scopes(&mut self) {
+        while self.exec.pools.depth() > self.scope_depth {
+            self.exec.pools.end();
+        }
+    }
+
+    fn submit(mut self, strategy: Option<Strategy>, timed: bool) -> Result<(InFlight, Schedule), RuntimeError> {
+        let s = self.schedule(strategy)?;
+        let payloads = std::mem::take(&mut self.payloads);
+        let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut jobs = Vec::with_capacity(s.command_buffers.len());
+        for cb in &s.command_buffers {
+            let job = self.prepare_job(cb, &mut payloads, &failed, timed)?;
+            jobs.push(Arc::new(job));
+        }
+        let counters = Arc::clone(&self.exec.counters);
+        crate::counters::LiveCounters::add(&counters.commits, 1);
+        crate::counters::LiveCounters::add(&counters.command_buffers, jobs.len() as u64);
+        for job in &jobs {
+            self.exec.pool.submit(Arc::clone(job));
+        }
+        self.exec.last_jobs = jobs.clone();
+        self.end_scopes();
+        Ok((InFlight { jobs, counters }, s))
+    }
+
+    fn prepare_job(&mut self, cb: &weft_graph::CommandBufferSchedule, payloads: &mut [Option<OpNode>], failed: &Arc<AtomicBool>, timed: bool) -> Result<Job, RuntimeError> {
+        let threads = self.exec.threads();
+        let mut keep = BTreeMap::new();
+        let mut prepared = Vec::with_capacity(cb.order.len());
+        for &i in &cb.order {
+            let node = payloads[i].take().ok_or_else(|| RuntimeError::Usage(format!("node {i} scheduled twice")))?;
+            let mut resolve = |t: &Tensor| -> Result<HostTensor, RuntimeError> {
+                let e = self.exec.entry(t.buffer)?;
+                keep.entry(t.buffer).or_insert_with(|| Arc::clone(&e.storage));
+                // SAFETY: the offset was checked against the buffer's length when recorded.
+                let ptr = unsafe { e.storage.base().add(t.offset as usize) };
+                Ok(HostTensor { ptr, tensor: *t })
+            };
+            let ins = node.inputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            let outs = node.outputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            let split = cpu::work_split(&node, threads);
+            let label = self.nodes[i].label.clone();
+            let fail = self.take_fault(&label);
+            prepared.push(PreparedNode {
+                node,
+                ins,
+                outs,
+                split,
+                label,
+                layer: self.nodes[i].layer,
+                fail,
+            });
+        }
+        let levels = (0..cb.level_count())
+            .map(|l| Level::new(cb.level_starts[l]..cb.level_starts[l + 1], &prepared))
+            .collect();
+        Ok(Job::new(prepared, levels, keep.into_values().collect(), Arc::clone(failed), timed, self.exec.epoch))
+    }
+
+    fn take_fault(&mut self, label: &str) -> bool {
+        let Some(f) = &self.exec.config.fault else { return false };
+        if !label.contains(f.label.as_str()) {
+            return false;
+        }
+        let hit = self.exec.fault_seen == f.after;
+        self.exec.fault_seen += 1;
+        if hit {
+            self.exec.config.fault = None;
+            self.exec.fault_seen = 0;
+        }
+        hit
+    }
+}
+
+impl Recorder for GraphSession<'_> {
+    fn alloc(&mut self, dtype: DType, dims: &[usize]) -> Result<Tensor, OpError> {
+        self.exec.pool_alloc(dtype, dims).map_err(|e| OpError::Record(e.to_string()))
+    }
+
+    fn record(&mut self, node: OpNode, label: Label) -> Result<(), OpError> {
+        let (reads, writes) = node.ranges();
+        self.record_with_ranges(node, label, Some(reads), Some(writes)).map_err(|e| match e {
+            RuntimeError::Op(op) => op,
+            other => OpError::Record(other.to_string()),
+        })
+    }
+}
+
+impl Drop for GraphSession<'_> {
+    /// Dropping an unfinished session discards its recording (nothing was
+    /// submitted) and closes the pool scopes it opened.
+    fn drop(&mut self) {
+        self.end_scopes();
+    }
+}
+
+fn collect_timings(jobs: &[Arc<Job>]) -> Vec<NodeTiming> {
+    let mut out = Vec::new();
+    for (cb, job) in jobs.iter().enumerate() {
+        let mut spans: Vec<Option<(f64, f64)>> = vec![None; job.nodes.len()];
+        for ev in job.events.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let (s, e) = (ev.start.as_secs_f64(), ev.end.as_secs_f64());
+            let span = spans[ev.node].get_or_insert((s, e));
+            span.0 = span.0.min(s);
+            span.1 = span.1.max(e);
+        }
+        for (li, level) in job.levels.iter().enumerate() {
+            for n in level.nodes.clone() {
+                let node = &job.nodes[n];
+                out.push(NodeTiming {
+                    op: node.node.op.name(),
+                    label: node.label.to_string(),
+                    layer: node.layer,
+                    command_buffer: cb,
+                    level: li as u32,
+                    micros: spans[n].map_or(0.0, |(s, e)| (e - s) * 1e6),
+                });
+            }
+        }
+    }
+    out
+}

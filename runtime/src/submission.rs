@@ -1,0 +1,99 @@
+//! In-flight work and submission chains.
+//!
+//! `commit()` hands back an [`InFlight`] at once; a [`SubmissionChain`] holds
+//! several and `drain()` waits on every one of them, in order, always, and
+//! reports the first failure (by the label of the node that failed).
+
+use crate::counters::LiveCounters;
+use crate::threadpool::Job;
+use crate::RuntimeError;
+use std::sync::Arc;
+
+/// Command buffers of one commit, submitted and possibly still running.
+#[must_use = "in-flight work must be waited on (or pushed into a SubmissionChain)"]
+pub struct InFlight {
+    pub(crate) jobs: Vec<Arc<Job>>,
+    pub(crate) counters: Arc<LiveCounters>,
+}
+
+impl InFlight {
+    /// Waits for every command buffer of the commit; the first failure wins.
+    pub fn wait(self) -> Result<(), RuntimeError> {
+        LiveCounters::add(&self.counters.waits, 1);
+        let mut first = None;
+        for job in &self.jobs {
+            if let Err(e) = job.wait() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// True once everything has run (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.jobs.iter().all(|j| j.is_done())
+    }
+
+    /// Number of command buffers in this commit.
+    pub fn command_buffers(&self) -> usize {
+        self.jobs.len()
+    }
+}
+
+/// Handles of submitted work, drained together.
+#[derive(Default)]
+pub struct SubmissionChain {
+    handles: Vec<InFlight>,
+}
+
+impl SubmissionChain {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds submitted work to the chain.
+    pub fn push(&mut self, handle: InFlight) {
+        self.handles.push(handle);
+    }
+
+    /// Number of commits waiting to be drained.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// Waits on every handle in order, even after a failure, and returns the
+    /// first failure.
+    pub fn drain(&mut self) -> Result<(), RuntimeError> {
+        let mut first = None;
+        for h in self.handles.drain(..) {
+            if let Err(e) = h.wait() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Drains after an encoding error: both errors are reported if draining fails too.
+    pub fn drain_after(&mut self, encode_error: RuntimeError) -> RuntimeError {
+        match self.drain() {
+            Ok(()) => encode_error,
+            Err(second) => RuntimeError::Both {
+                first: Box::new(encode_error),
+                second: Box::new(second),
+            },
+        }
+    }
+}
+
+impl Drop for SubmissionChain {
+    /// Dropping a chain still waits for its work: memory the work touches must
+    /// outlive it, and an unobserved failure is better late than lost.
+    fn drop(&mut self) {
+        let _ = self.drain();
+    }
+}
