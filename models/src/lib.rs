@@ -3,6 +3,16 @@
 //!
 //! Invariant: model code records nodes; it never calls a kernel.
 
+mod error;
 pub mod fetch;
 pub mod gguf;
+pub mod llama;
+pub mod model;
+pub mod sampling;
+pub mod step;
 pub mod tokenizer;
+pub mod weights;
+
+pub use error::ModelError;
+pub use model::{Family, Model};
+pub use step::LogitRows;

@@ -9,6 +9,7 @@
 //!
 //! Invariant: the runtime knows nothing about model architectures.
 
+pub mod cache;
 mod config;
 mod counters;
 mod error;

@@ -1,0 +1,91 @@
+//! The Llama forward pass, recorded with the builder API.
+//!
+//! Written in the order a model author thinks of it (each projection
+//! followed by its rope); the reorder pass finds what can run together.
+
+use super::{Llama, LlamaLayer};
+use crate::step::LogitRows;
+use crate::ModelError;
+use weft_ops::{AttentionParams, Builder, Tensor};
+use weft_runtime::cache::{CacheSpan, KvCache};
+use weft_runtime::{GraphSession, PoolScope};
+
+impl Llama {
+    /// Records one step over `tokens` at `span` and returns the logits tensor
+    /// (`[rows, vocab]`, rows per `logits`).
+    pub fn record_step(&self, s: &mut GraphSession<'_>, cache: &KvCache, span: &CacheSpan, tokens: &[u32], logits: LogitRows) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n != span.tokens as usize {
+            return Err(ModelError::Input(format!("{n} tokens for a span of {}", span.tokens)));
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.token_embd.rows()) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary of {}", self.token_embd.rows())));
+        }
+        s.set_layer(None);
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let positions: Vec<i32> = (0..n as i32).map(|i| span.start as i32 + i).collect();
+        let ids = s.upload_i32(&ids, "token_ids")?;
+        let positions = s.upload_i32(&positions, "positions")?;
+        // The residual stream lives in the session's scope, outside the
+        // per-layer scopes, and is updated in place.
+        let mut x = s.get_rows(self.token_embd, ids, "token_embd")?;
+        let scope = if n == 1 { PoolScope::DecodeToken } else { PoolScope::PrefillLayer };
+        for (l, layer) in self.layers.iter().enumerate() {
+            s.set_layer(Some(l as u32));
+            s.begin_pool_scope(scope);
+            // The last layer only needs the rows whose logits are wanted.
+            let keep_last = l + 1 == c.layers && logits == LogitRows::Last && n > 1;
+            x = self.record_layer(s, layer, l, x, positions, cache, span, keep_last)?;
+            s.end_pool_scope()?;
+        }
+        s.set_layer(None);
+        let h = s.rms_norm(x, self.output_norm, c.rms_eps, "output_norm")?;
+        Ok(s.matmul(h, self.output, "output")?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_layer(&self, s: &mut GraphSession<'_>, w: &LlamaLayer, l: usize, x: Tensor, positions: Tensor, cache: &KvCache, span: &CacheSpan, keep_last: bool) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let n = x.rows();
+        let kv = cache.layer(l);
+        let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
+        let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
+        let q = s.matmul(hq, w.wq, "attn_q")?;
+        let q = s.rope(q, positions, c.rope, "rope_q")?;
+        let k = s.matmul(hq, w.wk, "attn_k")?;
+        let k = s.rope(k, positions, c.rope, "rope_k")?;
+        let v = s.matmul(hq, w.wv, "attn_v")?;
+        s.set_rows(k, kv.k, span.start, kv.ring, "cache_k")?;
+        s.set_rows(v, kv.v, span.start, kv.ring, "cache_v")?;
+        let rows = kv.ring.map_or(span.end() as usize, |r| r as usize);
+        let params = AttentionParams {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            q_position: span.start,
+            window: kv.window,
+            ring: kv.ring,
+            softcap: 0.0,
+        };
+        let kview = kv.k.rows_view(0, rows)?;
+        let vview = kv.v.rows_view(0, rows)?;
+        let mut a = s.attention(q, kview, vview, params, "attn")?;
+        let mut x = x;
+        if keep_last {
+            a = a.rows_view(n - 1, 1)?;
+            x = x.rows_view(n - 1, 1)?;
+        }
+        let o = s.matmul(a, w.wo, "attn_output")?;
+        s.add_into(x, o, "attn_residual")?;
+        let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
+        let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
+        let g = s.matmul(hq, w.gate, "ffn_gate")?;
+        let u = s.matmul(hq, w.up, "ffn_up")?;
+        let m = s.silu_mul(g, u, "ffn_silu_mul")?;
+        let d = s.matmul(m, w.down, "ffn_down")?;
+        s.add_into(x, d, "ffn_residual")?;
+        Ok(x)
+    }
+}

@@ -1,0 +1,147 @@
+//! A loaded model of any supported family, with its tokenizer, and the
+//! operations every front end needs: a cache, chunked prefill, decode steps.
+
+use crate::gguf::GgufFile;
+use crate::llama::Llama;
+use crate::step::{run_step, LogitRows};
+use crate::tokenizer::Tokenizer;
+use crate::weights::WeightMap;
+use crate::ModelError;
+use std::path::Path;
+use weft_ops::DType;
+use weft_runtime::cache::{CacheConfig, ChunkPolicy, KvCache, LayerSpec};
+use weft_runtime::GraphExecutor;
+
+/// The architectures weft runs.
+pub enum Family {
+    Llama(Llama),
+}
+
+/// A model ready to run on one executor.
+pub struct Model {
+    pub file: GgufFile,
+    pub tokenizer: Tokenizer,
+    pub family: Family,
+    /// `general.architecture`.
+    pub arch: String,
+    /// `general.name`, or the file name.
+    pub name: String,
+}
+
+impl Model {
+    /// Opens `path`, maps its weights into `exec` and builds its tokenizer.
+    pub fn load(path: &Path, exec: &mut GraphExecutor) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        let arch = file.architecture()?.to_string();
+        let weights = WeightMap::new(&file, exec);
+        let family = match arch.as_str() {
+            "llama" => Family::Llama(Llama::load(&weights, "llama")?),
+            other => return Err(ModelError::Unsupported(format!("architecture `{other}` (weft runs: llama)"))),
+        };
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let name = match file.get_str("general.name")? {
+            Some(n) => n.to_string(),
+            None => path.file_name().map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned()),
+        };
+        Ok(Model {
+            file,
+            tokenizer,
+            family,
+            arch,
+            name,
+        })
+    }
+
+    /// Context length the model was trained for.
+    pub fn trained_context(&self) -> u32 {
+        match &self.family {
+            Family::Llama(m) => m.config.context,
+        }
+    }
+
+    /// Vocabulary size of the output layer.
+    pub fn vocab(&self) -> usize {
+        match &self.family {
+            Family::Llama(m) => m.output.rows(),
+        }
+    }
+
+    /// Transformer layers.
+    pub fn layers(&self) -> usize {
+        match &self.family {
+            Family::Llama(m) => m.config.layers,
+        }
+    }
+
+    /// Bytes of weights.
+    pub fn weight_bytes(&self) -> u64 {
+        self.file.tensors().iter().map(|t| t.bytes).sum()
+    }
+
+    /// The chunking policy the seed uses for this model.
+    pub fn chunk_policy(&self) -> ChunkPolicy {
+        ChunkPolicy::for_model(None, self.weight_bytes())
+    }
+
+    /// The cache layout for `context` tokens.
+    pub fn cache_config(&self, context: u32, max_chunk: u32) -> CacheConfig {
+        let layers = match &self.family {
+            Family::Llama(m) => vec![
+                LayerSpec {
+                    width: m.config.kv_width(),
+                    window: None,
+                };
+                m.config.layers
+            ],
+        };
+        CacheConfig {
+            layers,
+            context,
+            max_chunk: max_chunk.min(context).max(1),
+            dtype: DType::F16,
+        }
+    }
+
+    /// A fresh cache for `context` tokens, taking steps of up to `max_chunk`.
+    pub fn new_cache(&self, exec: &mut GraphExecutor, context: u32, max_chunk: u32) -> Result<KvCache, ModelError> {
+        Ok(KvCache::new(exec, self.cache_config(context, max_chunk))?)
+    }
+
+    /// One step (one transaction) over `tokens` at the cache's position.
+    pub fn step(&self, exec: &mut GraphExecutor, cache: &mut KvCache, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::Input("a step needs at least one token".into()));
+        }
+        let n = u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
+        match &self.family {
+            Family::Llama(m) => run_step(exec, cache, n, |s, c, span| m.record_step(s, c, span, tokens, rows)),
+        }
+    }
+
+    /// Prefills `tokens` in chunks (`policy`), each its own transaction, and
+    /// returns the logits: of the last token, or of every token.
+    pub fn prefill(&self, exec: &mut GraphExecutor, cache: &mut KvCache, tokens: &[u32], policy: &ChunkPolicy, rows: LogitRows) -> Result<Vec<f32>, ModelError> {
+        let needed = cache.position() as u64 + tokens.len() as u64;
+        if needed > cache.config().context as u64 {
+            return Err(ModelError::Input(format!(
+                "the prompt of {} tokens does not fit: the context holds {} tokens and {} are already used",
+                tokens.len(),
+                cache.config().context,
+                cache.position()
+            )));
+        }
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        let max = cache.config().max_chunk;
+        while done < tokens.len() {
+            let n = policy.next_chunk((tokens.len() - done) as u32, cache.position()).min(max) as usize;
+            let logits = self.step(exec, cache, &tokens[done..done + n], rows)?;
+            match rows {
+                LogitRows::All => out.extend(logits),
+                LogitRows::Last => out = logits,
+            }
+            done += n;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,119 @@
+//! `weft bench`: prompt processing and generation speed, measured like
+//! llama-bench: pp = one batch of `pp` random tokens into an empty cache;
+//! tg = `tg` single-token decodes from an empty cache; medians over `reps`.
+
+use super::ModelArgs;
+use anyhow::Result;
+use clap::Args;
+use std::time::Instant;
+use weft::graph::synth::SplitMix64;
+use weft::models::LogitRows;
+use weft::runtime::cache::ChunkPolicy;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens per prompt-processing run (0: skip).
+    #[arg(long, default_value_t = 512)]
+    pp: u32,
+    /// Generated tokens per generation run (0: skip).
+    #[arg(long, default_value_t = 128)]
+    tg: u32,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[v.len() / 2]
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let (mut exec, model) = a.model.load()?;
+    let ctx = (a.pp.max(a.tg) + 16).max(32);
+    let mut cache = model.new_cache(&mut exec, ctx, a.pp.max(1))?;
+    let vocab = model.vocab() as u64;
+    let mut rng = SplitMix64::new(0);
+    let whole = ChunkPolicy {
+        multiplier: u32::MAX / 256,
+        ..Default::default()
+    };
+    let reps = a.reps.max(1);
+    let (mut pp_tps, mut tg_tps) = (Vec::new(), Vec::new());
+    let (mut pp_counters, mut tg_counters) = (None, None);
+    // One warm-up of each, then the measured repetitions.
+    for rep in 0..=reps {
+        if a.pp > 0 {
+            let tokens: Vec<u32> = (0..a.pp).map(|_| rng.below(vocab) as u32).collect();
+            cache.reset();
+            let before = exec.counters();
+            let t = Instant::now();
+            model.prefill(&mut exec, &mut cache, &tokens, &whole, LogitRows::Last)?;
+            let secs = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                pp_tps.push(a.pp as f64 / secs);
+                pp_counters = Some(exec.counters() - before);
+            }
+        }
+        if a.tg > 0 {
+            cache.reset();
+            let before = exec.counters();
+            let t = Instant::now();
+            for _ in 0..a.tg {
+                let tok = rng.below(vocab) as u32;
+                model.step(&mut exec, &mut cache, &[tok], LogitRows::Last)?;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                tg_tps.push(a.tg as f64 / secs);
+                tg_counters = Some(exec.counters() - before);
+            }
+        }
+    }
+    let per = |c: Option<weft::runtime::Counters>, n: u32| {
+        c.map(|c| (c.barriers as f64 / n.max(1) as f64, c.command_buffers as f64 / n.max(1) as f64, c.dispatches as f64 / n.max(1) as f64))
+    };
+    let tg_per = per(tg_counters, a.tg);
+    let pp_per = per(pp_counters, a.pp);
+    let (pp, tg) = (median(&mut pp_tps), median(&mut tg_tps));
+    if a.json {
+        let v = serde_json::json!({
+            "model": model.name,
+            "backend": exec.device().to_string(),
+            "threads": exec.threads(),
+            "reorder": exec.config().reorder,
+            "pp_tokens": a.pp,
+            "pp_tps": pp,
+            "pp_all": pp_tps,
+            "tg_tokens": a.tg,
+            "tg_tps": tg,
+            "tg_all": tg_tps,
+            "barriers_per_token": tg_per.map(|p| p.0),
+            "command_buffers_per_token": tg_per.map(|p| p.1),
+            "nodes_per_token": tg_per.map(|p| p.2),
+            "pp_barriers_per_step": pp_counters.map(|c| c.barriers),
+            "pp_command_buffers_per_step": pp_counters.map(|c| c.command_buffers),
+        });
+        println!("{v}");
+    } else {
+        println!("model: {} | backend: {} | threads: {}", model.name, exec.device(), exec.threads());
+        if a.pp > 0 {
+            println!("pp{}: {pp:.1} tokens/s (median of {reps}); barriers per step {}", a.pp, pp_counters.map_or(0, |c| c.barriers));
+            let _ = pp_per;
+        }
+        if a.tg > 0 {
+            if let Some((b, cb, n)) = tg_per {
+                println!("tg{}: {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Command-line front end: argument parsing and shared set-up (model
+//! resolution, executor settings). One file per subcommand.
+
+mod bench;
+mod graph;
+mod perplexity;
+mod run;
+mod tokenize;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use weft::models::Model;
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+
+/// weft: an inference runtime built on recorded op graphs.
+#[derive(Parser)]
+#[command(name = "weft", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (streams to stdout).
+    Run(run::RunArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Perplexity of a text file, as llama-perplexity computes it.
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench(bench::BenchArgs),
+    /// Look at the reorder pass: synthetic graphs.
+    #[command(subcommand)]
+    Graph(graph::GraphCommand),
+}
+
+pub fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Graph(g) => graph::run(g),
+    }
+}
+
+/// Options shared by every command that runs a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A GGUF file, or a known model name (smollm2-135m, gemma3-270m).
+    /// Default: SmolLM2-135M-Instruct Q4_1, fetched on first use.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Layers per command buffer (default: all layers in one).
+    #[arg(long)]
+    pub layers_per_cb: Option<u32>,
+    /// Run in recorded order instead of the reorder pass (diagnosis).
+    #[arg(long)]
+    pub no_reorder: bool,
+}
+
+impl ModelArgs {
+    /// The model file, fetching the default model if needed.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        let interactive = std::io::stderr().is_terminal();
+        let mut progress = |msg: &str| {
+            if interactive {
+                eprint!("\r\x1b[2K{msg}");
+            } else {
+                eprintln!("{msg}");
+            }
+        };
+        let path = weft::models::fetch::resolve_model(self.model.as_deref(), &mut progress).context("cannot obtain the model")?;
+        if interactive {
+            eprint!("\r\x1b[2K");
+        }
+        Ok(path)
+    }
+
+    /// An executor configured by these options.
+    pub fn executor(&self) -> Result<GraphExecutor> {
+        let mut config = ExecutorConfig::default();
+        if let Some(t) = self.threads {
+            anyhow::ensure!(t >= 1, "--threads must be at least 1");
+            config.threads = t;
+        }
+        config.reorder = !self.no_reorder;
+        if let Some(k) = self.layers_per_cb {
+            anyhow::ensure!(k >= 1, "--layers-per-cb must be at least 1");
+            config.cut.layers_per_cb = Some(k);
+        }
+        Ok(GraphExecutor::with_config(Device::Cpu, config)?)
+    }
+
+    /// Executor plus loaded model.
+    pub fn load(&self) -> Result<(GraphExecutor, Model)> {
+        let path = self.model_path()?;
+        let mut exec = self.executor()?;
+        let model = Model::load(&path, &mut exec).with_context(|| format!("cannot load {}", path.display()))?;
+        Ok((exec, model))
+    }
+}

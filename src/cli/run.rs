@@ -1,0 +1,132 @@
+//! `weft run`: generate from a prompt, streaming text (or ids / JSON).
+
+use super::ModelArgs;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::time::Instant;
+use weft::models::sampling::{Sampler, SamplingParams};
+use weft::models::LogitRows;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Stream the generated text.
+    Text,
+    /// The generated token ids as one JSON array.
+    Ids,
+    /// One JSON object: prompt ids, generated ids, text, timings.
+    Json,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt, as raw text (no chat template; BOS only if the model asks for it).
+    #[arg(long, short = 'p')]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n: usize,
+    /// Sampling temperature; 0 is greedy (argmax, ties to the lowest id).
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Seed of the sampler (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Stop when the text ends with this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Context length (default: the model's, at most 4096).
+    #[arg(long)]
+    ctx: Option<u32>,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let (mut exec, model) = a.model.load()?;
+    let prompt = model.tokenizer.encode(&a.prompt);
+    if prompt.is_empty() {
+        bail!("the prompt is empty after tokenization; give some text");
+    }
+    let ctx = a.ctx.unwrap_or_else(|| model.trained_context().min(4096));
+    let needed = prompt.len() + a.n;
+    if needed > ctx as usize {
+        bail!("the prompt ({} tokens) plus {} generated tokens exceed the context of {ctx} tokens (use --ctx or a smaller -n)", prompt.len(), a.n);
+    }
+    let policy = model.chunk_policy();
+    let mut cache = model.new_cache(&mut exec, ctx, policy.max_chunk())?;
+    let seed = a.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        seed,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let mut logits = model.prefill(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last).context("prefill failed")?;
+    let prompt_time = t0.elapsed();
+    let mut history = prompt.clone();
+    let mut generated = Vec::new();
+    let mut text = String::new();
+    let mut decoder = model.tokenizer.stream_decoder(false);
+    let mut out = std::io::stdout().lock();
+    let t1 = Instant::now();
+    for i in 0..a.n {
+        let tok = sampler.sample(&logits, &history);
+        if model.tokenizer.is_eog(tok) && !a.ignore_eos {
+            break;
+        }
+        generated.push(tok);
+        history.push(tok);
+        let piece = decoder.push(tok)?;
+        text.push_str(&piece);
+        if a.format == Format::Text {
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+        }
+        if a.stop.iter().any(|s| !s.is_empty() && text.ends_with(s.as_str())) {
+            break;
+        }
+        if i + 1 < a.n {
+            logits = model.step(&mut exec, &mut cache, &[tok], LogitRows::Last).context("decode step failed")?;
+        }
+    }
+    let gen_time = t1.elapsed();
+    match a.format {
+        Format::Text => writeln!(out)?,
+        Format::Ids => writeln!(out, "{}", serde_json::to_string(&generated)?)?,
+        Format::Json => {
+            let v = serde_json::json!({
+                "model": model.name,
+                "prompt_ids": prompt,
+                "generated_ids": generated,
+                "text": text,
+                "seed": seed,
+                "timings": {
+                    "prompt_ms": prompt_time.as_secs_f64() * 1e3,
+                    "prompt_tps": prompt.len() as f64 / prompt_time.as_secs_f64(),
+                    "gen_ms": gen_time.as_secs_f64() * 1e3,
+                    "gen_tps": generated.len() as f64 / gen_time.as_secs_f64(),
+                },
+            });
+            writeln!(out, "{v}")?;
+        }
+    }
+    Ok(())
+}
