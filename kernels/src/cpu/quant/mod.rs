@@ -1,1 +1,278 @@
-//! Quantized dot products and matmul micro-kernels (being written).
+//! Quantized (and plain float) dot products and matmul kernels for the CPU.
+//!
+//! What this module owns: the fast versions of the products defined in
+//! `weft_ops::quant` — activation quantizers, weight-row x activation-row
+//! dot products, and the matmul micro-kernels the runtime calls, one call
+//! per thread with a range of weight rows. How the runtime splits work and
+//! where tensors live is not its business.
+//!
+//! **Numerics.** Every path (scalar, AVX2, AVX-512) computes the same bits:
+//! the order of ggml's x86 CPU backend (`scalar.rs` spells it out), so
+//! weft's logits match llama.cpp's bit for bit where the inputs do. The
+//! activation quantizers match `weft_ops::quant::quantize_row` bit for bit.
+//!
+//! **Paths.** [`Isa::detect`] picks the best supported path once (capped by
+//! `WEFT_CPU_ISA`); every entry point has a `_with` variant taking an
+//! explicit [`Isa`] so tests and benchmarks can force a path.
+//!
+//! **Entry points for the runtime.**
+//! - [`quantize_activations`]: one f32 row into `vec_dot_type(w)` format.
+//! - [`matmul`]: `out[t][r] = w_row(r) . act_row(t)` for the weight rows
+//!   `out.cols()` and all `n` activation rows; [`OutColumns::split_at`]
+//!   gives each thread its own rows.
+//! - [`matmul_rows`]: the same on the executor's [`HostTensor`]s.
+//! - [`vec_dot`]: one weight row against one activation row.
+//!
+//! Files: `isa.rs` (detection), `formats.rs` (format descriptions),
+//! `scalar.rs` (the specification and fallback), `avx2.rs`,
+//! `avx512_b32.rs` (32-element formats: decode matvec and prefill gemm),
+//! `avx512_kq.rs` (Q4_K, Q6_K), `activation.rs` (quantizers),
+//! `matmul.rs` (the driver and output views).
+
+mod activation;
+mod avx2;
+mod avx512_b32;
+mod avx512_kq;
+mod formats;
+mod isa;
+mod matmul;
+mod scalar;
+
+pub use isa::{Isa, ISA_ENV};
+pub use matmul::OutColumns;
+
+use super::HostTensor;
+use std::ops::Range;
+use weft_ops::quant::vec_dot_type;
+use weft_ops::{DType, OpError};
+
+/// Weight formats the fast kernels compute with (others: `matmul` returns
+/// `OpError::Unsupported`; `weft_ops::quant` still decodes them).
+pub const SUPPORTED_WEIGHTS: [DType; 10] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+];
+
+/// Quantizes (or converts) one f32 row into `dtype` (Q8_0, Q8_1, Q8_K,
+/// F16, BF16 or F32), bit-identical to `weft_ops::quant::quantize_row`.
+pub fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), OpError> {
+    quantize_activations_with(Isa::detect()?, dtype, src, dst)
+}
+
+/// [`quantize_activations`] on an explicit path.
+pub fn quantize_activations_with(
+    isa: Isa,
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), OpError> {
+    let isa = isa.checked()?;
+    let need = dtype.row_bytes(src.len());
+    if need != Some(dst.len()) {
+        return Err(OpError::Param {
+            op: "quantize",
+            message: format!(
+                "{} values of {dtype} need {need:?} bytes, the output has {}",
+                src.len(),
+                dst.len()
+            ),
+        });
+    }
+    match (isa, dtype) {
+        (Isa::Scalar, _) | (_, DType::F32) => weft_ops::quant::quantize_row(dtype, src, dst),
+        // SAFETY (all arms below): the path's CPU features are present
+        // (`checked`) and the lengths match (checked above).
+        (Isa::Avx512, DType::Q8_0 | DType::Q8_1) => {
+            unsafe { activation::q8_blocks_avx512(src, dst, dtype == DType::Q8_1) };
+            Ok(())
+        }
+        (Isa::Avx2, DType::Q8_0 | DType::Q8_1) => {
+            unsafe { activation::q8_blocks_avx2(src, dst, dtype == DType::Q8_1) };
+            Ok(())
+        }
+        (Isa::Avx512, DType::Q8_K) => {
+            unsafe { activation::q8k_blocks_avx512(src, dst) };
+            Ok(())
+        }
+        (_, DType::F16) => {
+            unsafe { activation::f16_avx2(src, dst) };
+            Ok(())
+        }
+        (_, DType::BF16) => {
+            unsafe { activation::bf16_avx2(src, dst) };
+            Ok(())
+        }
+        _ => weft_ops::quant::quantize_row(dtype, src, dst),
+    }
+}
+
+/// `w_row . act_row`, where `act_row` is in `vec_dot_type(wdtype)` format.
+pub fn vec_dot(wdtype: DType, w_row: &[u8], act_row: &[u8]) -> Result<f32, OpError> {
+    vec_dot_with(Isa::detect()?, wdtype, w_row, act_row)
+}
+
+/// [`vec_dot`] on an explicit path.
+pub fn vec_dot_with(isa: Isa, wdtype: DType, w_row: &[u8], act_row: &[u8]) -> Result<f32, OpError> {
+    let k = weft_ops::quant::row_elements(wdtype, w_row.len(), "vec_dot")?;
+    let adtype = vec_dot_type(wdtype);
+    if adtype.row_bytes(k) != Some(act_row.len()) {
+        return Err(OpError::Param {
+            op: "vec_dot",
+            message: format!(
+                "a row of {k} {wdtype} weights needs {:?} bytes of {adtype}, got {}",
+                adtype.row_bytes(k),
+                act_row.len()
+            ),
+        });
+    }
+    let mut out = [0f32];
+    let mut view = OutColumns::new(&mut out, 1, 1)?;
+    matmul_with(isa, wdtype, w_row, k, act_row, 1, &mut view)?;
+    Ok(out[0])
+}
+
+/// `out[t * stride + r] = w_row(r) . act_row(t)` for `r` in `out.cols()`
+/// and `t` in `0..n`: `w` holds the weight matrix (rows of `k` elements in
+/// GGUF layout, row `r` at `r * row_bytes`), `act` holds `n` rows of `k`
+/// activations in `vec_dot_type(wdtype)` format.
+pub fn matmul(
+    wdtype: DType,
+    w: &[u8],
+    k: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut OutColumns,
+) -> Result<(), OpError> {
+    matmul_with(Isa::detect()?, wdtype, w, k, act, n, out)
+}
+
+/// [`matmul`] on an explicit path.
+pub fn matmul_with(
+    isa: Isa,
+    wdtype: DType,
+    w: &[u8],
+    k: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut OutColumns,
+) -> Result<(), OpError> {
+    let problem = matmul::Problem {
+        wdtype,
+        w,
+        k,
+        act,
+        n,
+    };
+    matmul::run(isa, &problem, out)
+}
+
+/// The executor's entry point: `out = x @ w^T` for weight rows `rows`.
+/// `x` is in `vec_dot_type(w)` format, or f32 (then it is converted here,
+/// per call, into per-thread scratch).
+///
+/// # Safety
+/// The tensors must point at live memory of their sizes; no other thread
+/// may write `x` or `w`, or touch columns `rows` of `out`, during the call.
+pub unsafe fn matmul_rows(
+    x: &HostTensor,
+    w: &HostTensor,
+    out: &HostTensor,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
+    let (wdtype, k, n, m) = (
+        w.tensor.dtype,
+        w.tensor.cols(),
+        x.tensor.rows(),
+        w.tensor.rows(),
+    );
+    let wb = w.bytes();
+    let mut view = OutColumns::from_raw(out.ptr as *mut f32, n, m, rows)?;
+    let adtype = vec_dot_type(wdtype);
+    if x.tensor.dtype == adtype {
+        return matmul(wdtype, wb, k, x.bytes(), n, &mut view);
+    }
+    if x.tensor.dtype != DType::F32 {
+        return Err(OpError::Param {
+            op: "matmul",
+            message: format!(
+                "{wdtype} weights take {adtype} or f32 activations, got {}",
+                x.tensor.dtype
+            ),
+        });
+    }
+    let act_row = adtype
+        .row_bytes(k)
+        .ok_or_else(|| OpError::Shape(format!("k = {k} does not fit {adtype} blocks")))?;
+    let xs = x.f32s();
+    matmul::with_act_scratch(act_row * n, |buf| {
+        for (src, dst) in xs.chunks_exact(k).zip(buf.chunks_exact_mut(act_row)) {
+            quantize_activations(adtype, src, dst)?;
+        }
+        matmul(wdtype, wb, k, buf, n, &mut view)
+    })
+}
+
+/// One dot product on raw rows (lengths checked by the caller) for the
+/// formats without a dedicated matmul kernel on `isa`.
+///
+/// # Safety
+/// `w` and `a` must hold a row of `k` elements of `wdtype` and of its
+/// activation format; `isa` must be supported.
+unsafe fn dot_raw(isa: Isa, wdtype: DType, w: *const u8, a: *const u8, k: usize) -> f32 {
+    let wrow = std::slice::from_raw_parts(w, wdtype.row_bytes(k).unwrap_or(0));
+    let arow = std::slice::from_raw_parts(a, vec_dot_type(wdtype).row_bytes(k).unwrap_or(0));
+    let simd = isa != Isa::Scalar;
+    match wdtype {
+        DType::Q4_K if simd => avx2::dot_q4k(w, a, k / 256),
+        DType::Q4_K => scalar::dot_q4k(wrow, arow, k / 256),
+        DType::Q6_K if simd => avx2::dot_q6k(w, a, k / 256),
+        DType::Q6_K => scalar::dot_q6k(wrow, arow, k / 256),
+        DType::F32 if simd => avx2::dot_f32(w, a, k),
+        DType::F32 => scalar::dot_f32(wrow, arow, k),
+        DType::F16 if simd => avx2::dot_f16(w, a, k),
+        DType::F16 => scalar::dot_f16(wrow, arow, k),
+        DType::BF16 => avx2::dot_bf16(wrow, arow, k),
+        // `matmul::dispatch` sends only the formats above here.
+        _ => f32::NAN,
+    }
+}
+
+/// The block format description for a 32-element dtype (used by tests).
+#[cfg(test)]
+fn block32_bytes(dtype: DType) -> Option<usize> {
+    use formats::Block32;
+    match dtype {
+        DType::Q4_0 => Some(formats::Q4_0::BYTES),
+        DType::Q4_1 => Some(formats::Q4_1::BYTES),
+        DType::Q5_0 => Some(formats::Q5_0::BYTES),
+        DType::Q5_1 => Some(formats::Q5_1::BYTES),
+        DType::Q8_0 => Some(formats::Q8_0::BYTES),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_agree_with_dtype() {
+        for d in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+        ] {
+            assert_eq!(block32_bytes(d), Some(d.block_bytes()));
+        }
+    }
+}

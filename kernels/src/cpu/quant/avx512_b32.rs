@@ -1,0 +1,501 @@
+//! AVX-512 (VNNI) kernels for the 32-element formats: Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0 weights against Q8_0/Q8_1 activations.
+//!
+//! **Lane layout.** ggml's AVX2 kernels give each (weight row, activation
+//! row) pair eight f32 accumulator lanes, lane `l` fed by elements
+//! `4l..4l+3` of each block (see `scalar.rs`). Here a 512-bit register holds
+//! four rows: 128-bit lane `r` is row `r`; the *lo* register carries each
+//! row's lanes 0..3 (elements 0..15 of every block) and the *hi* register
+//! lanes 4..7 (elements 16..31). A block of four rows is then two
+//! `vpdpbusd` (unsigned codes x signed activations), two conversions and
+//! two FMAs by the per-row scale `d_w * d_a`, each lane accumulating
+//! exactly what ggml's lane accumulates, in the same order; the final
+//! reduction replays `hsum_float_8`. Results are bit-identical to the
+//! scalar path.
+//!
+//! **Decode** (`matvec`): eight rows per step straight from the weight
+//! rows (GGUF layout, no repacking), their scales fetched with one gather,
+//! the next rows prefetched; no allocation.
+//!
+//! **Prefill** (`gemm`): weights of 16 rows are unpacked once into a panel
+//! of ready-to-multiply codes and scales, then multiplied with tiles of 8
+//! tokens (register tile: 4 rows x 8 tokens, 16 accumulators), so each
+//! weight block is decoded once per 16 rows x all tokens.
+//!
+//! Offsets (`code - OFFSET` for Q4_0, Q5_0, Q8_0) are folded in through the
+//! activation sums: the accumulator starts at `-OFFSET * sum(y)` per lane.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::formats::{act_bytes, act_qs, Block32, Kind};
+use core::arch::x86_64::*;
+
+/// Byte offsets of rows 0..8 of a group (row `r` at `r * row_bytes`),
+/// clamped to the last valid row so partial groups read valid memory.
+fn row_offsets(row_bytes: usize, valid: usize) -> [i32; 8] {
+    let mut o = [0i32; 8];
+    for (r, v) in o.iter_mut().enumerate() {
+        *v = (r.min(valid - 1) * row_bytes) as i32;
+    }
+    o
+}
+
+/// Four 16-byte pieces (row `r`'s at `base + offs[r] + at`) in one register.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn gather4x16(base: *const u8, offs: &[i32], at: usize) -> __m512i {
+    let p = |r: usize| base.offset(offs[r] as isize).add(at) as *const __m128i;
+    let mut z = _mm512_castsi128_si512(_mm_loadu_si128(p(0)));
+    z = _mm512_inserti32x4::<1>(z, _mm_loadu_si128(p(1)));
+    z = _mm512_inserti32x4::<2>(z, _mm_loadu_si128(p(2)));
+    _mm512_inserti32x4::<3>(z, _mm_loadu_si128(p(3)))
+}
+
+/// Codes of one block of four rows: (elements 0..15, elements 16..31) of
+/// each row in its 128-bit lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn codes4<F: Block32>(base: *const u8, offs: &[i32]) -> (__m512i, __m512i) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    match F::KIND {
+        Kind::Q8_0 => {
+            let flip = _mm512_set1_epi8(-128);
+            let lo = gather4x16(base, offs, F::QS);
+            let hi = gather4x16(base, offs, F::QS + 16);
+            (_mm512_xor_si512(lo, flip), _mm512_xor_si512(hi, flip))
+        }
+        Kind::Q4_0 | Kind::Q4_1 => {
+            let z = gather4x16(base, offs, F::QS);
+            (
+                _mm512_and_si512(z, m4),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
+            )
+        }
+        Kind::Q5_0 | Kind::Q5_1 => {
+            let z = gather4x16(base, offs, F::QS);
+            let (mut klo, mut khi) = (0u64, 0u64);
+            for (r, &o) in offs.iter().take(4).enumerate() {
+                let qh = (base.offset(o as isize).add(F::QH) as *const u32).read_unaligned() as u64;
+                klo |= (qh & 0xffff) << (16 * r);
+                khi |= (qh >> 16) << (16 * r);
+            }
+            let sixteen = _mm512_set1_epi8(16);
+            let lo = _mm512_and_si512(z, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+            (
+                _mm512_mask_add_epi8(lo, klo, lo, sixteen),
+                _mm512_mask_add_epi8(hi, khi, hi, sixteen),
+            )
+        }
+    }
+}
+
+/// `(d, m)` of eight rows' blocks as f32 `[d0, m0, d1, m1, ...]` (the `m`
+/// lanes are meaningless for formats without a minimum).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn scales8(base: *const u8, offs: __m256i) -> __m512 {
+    let dm = _mm256_i32gather_epi32::<1>(base as *const i32, offs);
+    _mm512_cvtph_ps(dm)
+}
+
+/// Per-lane start values `-OFFSET * sum(y[4l..4l+4])` for the lo and hi
+/// halves of an activation block (zero for offset-free formats).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn offset_init<F: Block32>(a_lo: __m512i, a_hi: __m512i) -> (__m512i, __m512i) {
+    let zero = _mm512_setzero_si512();
+    if F::OFFSET == 0 {
+        return (zero, zero);
+    }
+    let off = _mm512_set1_epi8(F::OFFSET as u8 as i8);
+    let lo = _mm512_dpbusd_epi32(zero, off, a_lo);
+    let hi = _mm512_dpbusd_epi32(zero, off, a_hi);
+    (_mm512_sub_epi32(zero, lo), _mm512_sub_epi32(zero, hi))
+}
+
+/// `hsum_float_8` of every row of a (lo, hi) accumulator pair: lane 0 of
+/// each 128-bit lane of the result holds that row's sum.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn hsum_rows(lo: __m512, hi: __m512) -> __m512 {
+    let s = _mm512_add_ps(hi, lo);
+    let s2 = _mm512_add_ps(s, _mm512_permute_ps::<0b11_10_11_10>(s));
+    _mm512_add_ps(s2, _mm512_permute_ps::<0b11_11_01_01>(s2))
+}
+
+/// Rows of one weight block group ahead to prefetch during decode.
+const PREFETCH_GROUPS: usize = 2;
+
+/// Decode: `out[r] = w_row(r) . act` for `rows` consecutive weight rows
+/// starting at `w` (`row_bytes` apart, `nb` blocks each) and one activation
+/// row `act`. `out` has room for `rows` floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn matvec<F: Block32>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    act: *const u8,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut r0 = 0;
+    while r0 < rows {
+        let valid = (rows - r0).min(8);
+        let base = w.add(r0 * row_bytes);
+        let next = if r0 + 8 * PREFETCH_GROUPS < rows {
+            Some(w.add((r0 + 8 * PREFETCH_GROUPS) * row_bytes))
+        } else {
+            None
+        };
+        let res = matvec8::<F>(base, row_bytes, valid, act, nb, next);
+        let mask = (1u16 << valid) - 1;
+        _mm256_mask_storeu_ps(out.add(r0), mask as u8, res);
+        r0 += 8;
+    }
+}
+
+/// Eight rows (the last `8 - valid` repeat row `valid - 1`) against one
+/// activation row; returns the eight dot products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn matvec8<F: Block32>(
+    base: *const u8,
+    row_bytes: usize,
+    valid: usize,
+    act: *const u8,
+    nb: usize,
+    next: Option<*const u8>,
+) -> __m256 {
+    let offs = row_offsets(row_bytes, valid);
+    let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
+    let ab = act_bytes(F::HAS_MIN);
+    let idx_a = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    let idx_b = _mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14);
+    let z = _mm512_setzero_ps();
+    let (mut lo_a, mut hi_a, mut lo_b, mut hi_b, mut summs) = (z, z, z, z, z);
+    for b in 0..nb {
+        let y = act.add(b * ab);
+        let x = base.add(b * F::BYTES);
+        if let Some(n) = next {
+            let p = n.add(b * 8 * F::BYTES);
+            for line in (0..8 * F::BYTES).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(line) as *const i8);
+            }
+        }
+        let dy = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (y as *const u16).read_unaligned() as i32,
+        )));
+        let t = scales8(x, voffs);
+        let p = _mm512_mul_ps(t, _mm512_set1_ps(dy));
+        if F::HAS_MIN {
+            let s = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (y.add(2) as *const u16).read_unaligned() as i32,
+            )));
+            summs = _mm512_fmadd_ps(t, _mm512_set1_ps(s), summs);
+        }
+        let qy = y.add(act_qs(F::HAS_MIN));
+        let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(qy as *const __m128i));
+        let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(qy.add(16) as *const __m128i));
+        let (init_lo, init_hi) = offset_init::<F>(a_lo, a_hi);
+        let (ca_lo, ca_hi) = codes4::<F>(x, &offs[0..4]);
+        let (cb_lo, cb_hi) = codes4::<F>(x, &offs[4..8]);
+        let (da, db) = (
+            _mm512_permutexvar_ps(idx_a, p),
+            _mm512_permutexvar_ps(idx_b, p),
+        );
+        lo_a = _mm512_fmadd_ps(
+            da,
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_lo, ca_lo, a_lo)),
+            lo_a,
+        );
+        hi_a = _mm512_fmadd_ps(
+            da,
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_hi, ca_hi, a_hi)),
+            hi_a,
+        );
+        lo_b = _mm512_fmadd_ps(
+            db,
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_lo, cb_lo, a_lo)),
+            lo_b,
+        );
+        hi_b = _mm512_fmadd_ps(
+            db,
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_hi, cb_hi, a_hi)),
+            hi_b,
+        );
+    }
+    let (sa, sb) = (hsum_rows(lo_a, hi_a), hsum_rows(lo_b, hi_b));
+    let pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    let res = _mm512_castps512_ps256(_mm512_permutex2var_ps(sa, pick, sb));
+    if F::HAS_MIN {
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm256_add_ps(
+            res,
+            _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, summs)),
+        )
+    } else {
+        res
+    }
+}
+
+/// One block of a four-row panel: codes ready for `vpdpbusd`, the row
+/// scales spread over their 128-bit lanes, and the row minimums.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct PanelBlock {
+    lo: [u8; 64],
+    hi: [u8; 64],
+    d: [f32; 16],
+    m: [f32; 4],
+}
+
+/// Per token and block: the activation scale and sum, and the offset
+/// start values for the lo/hi lanes.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub(crate) struct TokBlock {
+    init_lo: [i32; 4],
+    init_hi: [i32; 4],
+    dy: f32,
+    s: f32,
+    _pad: [f32; 2],
+}
+
+/// Rows per panel group and tokens per register tile.
+pub(crate) const PANEL_ROWS: usize = 4;
+pub(crate) const TILE_TOKENS: usize = 8;
+
+/// Unpacks `valid` (1..=4) rows into `panel[0..nb]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn pack_panel<F: Block32>(
+    w: *const u8,
+    row_bytes: usize,
+    valid: usize,
+    nb: usize,
+    panel: *mut PanelBlock,
+) {
+    let offs = row_offsets(row_bytes, valid);
+    let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    for b in 0..nb {
+        let x = w.add(b * F::BYTES);
+        let (lo, hi) = codes4::<F>(x, &offs[0..4]);
+        let t = scales8(x, voffs);
+        let dst = &mut *panel.add(b);
+        _mm512_storeu_si512(dst.lo.as_mut_ptr() as *mut __m512i, lo);
+        _mm512_storeu_si512(dst.hi.as_mut_ptr() as *mut __m512i, hi);
+        _mm512_storeu_ps(dst.d.as_mut_ptr(), _mm512_permutexvar_ps(idx, t));
+        _mm_storeu_ps(
+            dst.m.as_mut_ptr(),
+            _mm512_castps512_ps128(_mm512_permutexvar_ps(odd, t)),
+        );
+    }
+}
+
+/// Activation-side values of `nb` blocks of one token row `act` into `tok`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: *mut TokBlock) {
+    let ab = act_bytes(F::HAS_MIN);
+    for b in 0..nb {
+        let y = act.add(b * ab);
+        let qy = y.add(act_qs(F::HAS_MIN));
+        let a_lo = _mm512_castsi128_si512(_mm_loadu_si128(qy as *const __m128i));
+        let a_hi = _mm512_castsi128_si512(_mm_loadu_si128(qy.add(16) as *const __m128i));
+        let (lo, hi) = offset_init::<F>(a_lo, a_hi);
+        let t = &mut *tok.add(b);
+        _mm_storeu_si128(
+            t.init_lo.as_mut_ptr() as *mut __m128i,
+            _mm512_castsi512_si128(lo),
+        );
+        _mm_storeu_si128(
+            t.init_hi.as_mut_ptr() as *mut __m128i,
+            _mm512_castsi512_si128(hi),
+        );
+        let half = |p: *const u8| {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (p as *const u16).read_unaligned() as i32,
+            )))
+        };
+        t.dy = half(y);
+        t.s = if F::HAS_MIN { half(y.add(2)) } else { 0.0 };
+    }
+}
+
+/// One register tile: the four rows of `panel` against `T` tokens.
+/// `acts[t]` / `toks[t]` are token `t`'s activation row and prepared
+/// blocks; `out[t]` points at the output of the panel's first row for
+/// token `t` (four consecutive floats, `valid` of them written).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn tile<F: Block32, const T: usize>(
+    panel: *const PanelBlock,
+    nb: usize,
+    acts: &[*const u8; T],
+    toks: &[*const TokBlock; T],
+    out: &[*mut f32; T],
+    valid: usize,
+) {
+    let ab = act_bytes(F::HAS_MIN);
+    let aq = act_qs(F::HAS_MIN);
+    let z = _mm512_setzero_ps();
+    let mut lo = [z; T];
+    let mut hi = [z; T];
+    for b in 0..nb {
+        let pb = &*panel.add(b);
+        let wl = _mm512_loadu_si512(pb.lo.as_ptr() as *const __m512i);
+        let wh = _mm512_loadu_si512(pb.hi.as_ptr() as *const __m512i);
+        let d = _mm512_loadu_ps(pb.d.as_ptr());
+        for t in 0..T {
+            let y = acts[t].add(b * ab + aq);
+            let tb = toks[t].add(b);
+            let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+            let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
+            let (i_lo, i_hi) = if F::OFFSET == 0 {
+                (_mm512_setzero_si512(), _mm512_setzero_si512())
+            } else {
+                (
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(
+                        (*tb).init_lo.as_ptr() as *const __m128i
+                    )),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(
+                        (*tb).init_hi.as_ptr() as *const __m128i
+                    )),
+                )
+            };
+            let p = _mm512_mul_ps(d, _mm512_set1_ps((*tb).dy));
+            lo[t] = _mm512_fmadd_ps(
+                p,
+                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(i_lo, wl, a_lo)),
+                lo[t],
+            );
+            hi[t] = _mm512_fmadd_ps(
+                p,
+                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(i_hi, wh, a_hi)),
+                hi[t],
+            );
+        }
+    }
+    let pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    let mask = ((1u16 << valid) - 1) as u8;
+    for t in 0..T {
+        let mut res = _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, hsum_rows(lo[t], hi[t])));
+        if F::HAS_MIN {
+            res = _mm_add_ps(res, tile_summs(panel, nb, toks[t]));
+        }
+        _mm_mask_storeu_ps(out[t], mask, res);
+    }
+}
+
+/// `sum_b m[r] * s_t` for the four rows, as ggml's fused chain.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_summs(panel: *const PanelBlock, nb: usize, tok: *const TokBlock) -> __m128 {
+    let mut acc = _mm_setzero_ps();
+    for b in 0..nb {
+        let m = _mm_loadu_ps((*panel.add(b)).m.as_ptr());
+        acc = _mm_fmadd_ps(m, _mm_set1_ps((*tok.add(b)).s), acc);
+    }
+    acc
+}
+
+/// Prefill driver for one thread's rows: `out[t * out_stride + r]` for
+/// `r` in `0..rows` (rows relative to `w`) and `t` in `0..n`, using
+/// `panel` (room for `4 * PANEL_ROWS_MAX/4 * nb` blocks) and `tok` (room
+/// for `n * nb` entries) as scratch.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm<F: Block32>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    act: *const u8,
+    act_row_bytes: usize,
+    n: usize,
+    nb: usize,
+    out: *mut f32,
+    out_stride: usize,
+    panel: *mut PanelBlock,
+    tok: *mut TokBlock,
+) {
+    for t in 0..n {
+        prepare_tokens::<F>(act.add(t * act_row_bytes), nb, tok.add(t * nb));
+    }
+    let groups_per_panel = GEMM_PANEL_ROWS / PANEL_ROWS;
+    let mut r0 = 0;
+    while r0 < rows {
+        let panel_rows = (rows - r0).min(GEMM_PANEL_ROWS);
+        let groups = panel_rows.div_ceil(PANEL_ROWS);
+        for g in 0..groups.min(groups_per_panel) {
+            let gr = r0 + g * PANEL_ROWS;
+            pack_panel::<F>(
+                w.add(gr * row_bytes),
+                row_bytes,
+                (rows - gr).min(PANEL_ROWS),
+                nb,
+                panel.add(g * nb),
+            );
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let tt = (n - t0).min(TILE_TOKENS);
+            for g in 0..groups {
+                let gr = r0 + g * PANEL_ROWS;
+                let valid = (rows - gr).min(PANEL_ROWS);
+                let p = panel.add(g * nb);
+                run_tile::<F>(
+                    p,
+                    nb,
+                    act,
+                    act_row_bytes,
+                    tok,
+                    t0,
+                    tt,
+                    out.add(gr),
+                    out_stride,
+                    valid,
+                );
+            }
+            t0 += tt;
+        }
+        r0 += panel_rows;
+    }
+}
+
+/// Weight rows unpacked into one panel (a multiple of `PANEL_ROWS`).
+pub(crate) const GEMM_PANEL_ROWS: usize = 16;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn run_tile<F: Block32>(
+    panel: *const PanelBlock,
+    nb: usize,
+    act: *const u8,
+    act_row_bytes: usize,
+    tok: *const TokBlock,
+    t0: usize,
+    tt: usize,
+    out: *mut f32,
+    out_stride: usize,
+    valid: usize,
+) {
+    macro_rules! go {
+        ($t:literal) => {{
+            let acts: [*const u8; $t] = core::array::from_fn(|i| act.add((t0 + i) * act_row_bytes));
+            let toks: [*const TokBlock; $t] = core::array::from_fn(|i| tok.add((t0 + i) * nb));
+            let outs: [*mut f32; $t] = core::array::from_fn(|i| out.add((t0 + i) * out_stride));
+            tile::<F, $t>(panel, nb, &acts, &toks, &outs, valid)
+        }};
+    }
+    match tt {
+        8 => go!(8),
+        7 => go!(7),
+        6 => go!(6),
+        5 => go!(5),
+        4 => go!(4),
+        3 => go!(3),
+        2 => go!(2),
+        _ => go!(1),
+    }
+}

@@ -1,0 +1,155 @@
+//! Which instruction set the quantized kernels run on: detected once per
+//! process, overridable with `WEFT_CPU_ISA`, and selectable per call so tests
+//! can run every path on one machine.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use weft_ops::OpError;
+
+/// A kernel path. Every path computes bit-identical results (they all
+/// follow ggml's x86 lane structure); they differ only in speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Scalar,
+    /// AVX2 + FMA + F16C (x86-64-v3).
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ with VNNI (Ice Lake, Sapphire Rapids, Zen 4/5).
+    Avx512,
+}
+
+/// Environment variable that caps the path (`scalar`, `avx2`, `avx512`).
+pub const ISA_ENV: &str = "WEFT_CPU_ISA";
+
+const UNSET: u8 = 0;
+static DETECTED: AtomicU8 = AtomicU8::new(UNSET);
+
+impl Isa {
+    fn code(self) -> u8 {
+        match self {
+            Isa::Scalar => 1,
+            Isa::Avx2 => 2,
+            Isa::Avx512 => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Isa {
+        match code {
+            3 => Isa::Avx512,
+            2 => Isa::Avx2,
+            _ => Isa::Scalar,
+        }
+    }
+
+    /// Lower-case name as `WEFT_CPU_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a `WEFT_CPU_ISA` value.
+    pub fn parse(value: &str) -> Result<Isa, OpError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(Isa::Scalar),
+            "avx2" => Ok(Isa::Avx2),
+            "avx512" => Ok(Isa::Avx512),
+            other => Err(OpError::Param {
+                op: "cpu isa",
+                message: format!("{ISA_ENV}={other:?} is not one of scalar, avx2, avx512"),
+            }),
+        }
+    }
+
+    /// The best path this CPU supports, ignoring the environment.
+    pub fn best_supported() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vnni");
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx512 && avx2 {
+                return Isa::Avx512;
+            }
+            if avx2 {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn is_supported(self) -> bool {
+        matches!(
+            (self, Isa::best_supported()),
+            (Isa::Scalar, _) | (Isa::Avx2, Isa::Avx2 | Isa::Avx512) | (Isa::Avx512, Isa::Avx512)
+        )
+    }
+
+    /// The path kernels use by default: the best supported one, capped by
+    /// `WEFT_CPU_ISA` when set. Detected once; a malformed or unsupported
+    /// `WEFT_CPU_ISA` is an error naming the variable.
+    pub fn detect() -> Result<Isa, OpError> {
+        let cached = DETECTED.load(Ordering::Relaxed);
+        if cached != UNSET {
+            return Ok(Isa::from_code(cached));
+        }
+        let mut isa = Isa::best_supported();
+        if let Ok(value) = std::env::var(ISA_ENV) {
+            let wanted = Isa::parse(&value)?;
+            if !wanted.is_supported() {
+                return Err(OpError::Param {
+                    op: "cpu isa",
+                    message: format!(
+                        "{ISA_ENV}={} but this CPU supports at most {}",
+                        wanted.name(),
+                        isa.name()
+                    ),
+                });
+            }
+            isa = wanted;
+        }
+        DETECTED.store(isa.code(), Ordering::Relaxed);
+        Ok(isa)
+    }
+
+    /// `self`, or an error when this CPU cannot run it (for callers that
+    /// pick a path explicitly).
+    pub fn checked(self) -> Result<Isa, OpError> {
+        if self.is_supported() {
+            Ok(self)
+        } else {
+            Err(OpError::Param {
+                op: "cpu isa",
+                message: format!(
+                    "the {} kernels need CPU features this machine lacks",
+                    self.name()
+                ),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_bad_values_are_named() {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            assert_eq!(Isa::parse(isa.name()).ok(), Some(isa));
+        }
+        let err = Isa::parse("sse9")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(ISA_ENV) && err.contains("sse9"), "{err}");
+        assert!(Isa::Scalar.is_supported());
+    }
+}
