@@ -7,6 +7,9 @@
 use crate::range::{BufferId, ByteRange};
 use std::collections::{BTreeMap, HashMap};
 
+/// Buffer ids below this index a plain vector; larger ones a hash map.
+const DENSE_IDS: u32 = 1 << 16;
+
 #[derive(Clone, Copy, Debug)]
 struct Segment {
     end: u64,
@@ -19,20 +22,49 @@ struct Segment {
 /// Access levels of every byte touched so far, per buffer.
 #[derive(Default)]
 pub(crate) struct AccessMap {
-    buffers: HashMap<BufferId, BTreeMap<u64, Segment>>,
+    dense: Vec<BTreeMap<u64, Segment>>,
+    sparse: HashMap<BufferId, BTreeMap<u64, Segment>>,
 }
 
 impl AccessMap {
     pub(crate) fn clear(&mut self) {
-        self.buffers.clear();
+        self.dense.iter_mut().for_each(BTreeMap::clear);
+        self.sparse.clear();
+    }
+
+    fn get(&self, id: BufferId) -> Option<&BTreeMap<u64, Segment>> {
+        if id.0 < DENSE_IDS {
+            self.dense.get(id.0 as usize)
+        } else {
+            self.sparse.get(&id)
+        }
+    }
+
+    fn get_mut(&mut self, id: BufferId) -> &mut BTreeMap<u64, Segment> {
+        if id.0 < DENSE_IDS {
+            let i = id.0 as usize;
+            if i >= self.dense.len() {
+                self.dense.resize_with(i + 1, BTreeMap::new);
+            }
+            &mut self.dense[i]
+        } else {
+            self.sparse.entry(id).or_default()
+        }
     }
 
     /// Highest level a new access to `range` must follow: earlier writes for a
     /// read; earlier writes and reads for a write.
     pub(crate) fn conflict_level(&self, range: &ByteRange, writing: bool) -> u32 {
-        let Some(map) = self.buffers.get(&range.buffer) else {
+        let Some(map) = self.get(range.buffer) else {
             return 0;
         };
+        // Fast path: a segment with exactly these bounds (whole tensors);
+        // segments are disjoint, so it is the only one overlapping.
+        if let Some(seg) = map.get(&range.start) {
+            if seg.end == range.end {
+                return if writing { seg.write.max(seg.read) } else { seg.write };
+            }
+        }
         let mut level = 0;
         for seg in overlapping(map, range.start, range.end) {
             level = level.max(seg.write);
@@ -46,11 +78,20 @@ impl AccessMap {
     /// Notes that a node at `level` wrote `range`. Earlier reads of those bytes
     /// are all below `level`, so the write level alone orders later accesses.
     pub(crate) fn note_write(&mut self, range: &ByteRange, level: u32) {
-        let map = self.buffers.entry(range.buffer).or_default();
+        let map = self.get_mut(range.buffer);
+        if let Some(seg) = map.get_mut(&range.start) {
+            if seg.end == range.end {
+                *seg = Segment {
+                    end: range.end,
+                    write: level,
+                    read: 0,
+                };
+                return;
+            }
+        }
         split_at(map, range.start);
         split_at(map, range.end);
-        let inside: Vec<u64> = map.range(range.start..range.end).map(|(s, _)| *s).collect();
-        for s in inside {
+        while let Some((&s, _)) = map.range(range.start..range.end).next() {
             map.remove(&s);
         }
         map.insert(
@@ -65,7 +106,13 @@ impl AccessMap {
 
     /// Notes that a node at `level` read `range`.
     pub(crate) fn note_read(&mut self, range: &ByteRange, level: u32) {
-        let map = self.buffers.entry(range.buffer).or_default();
+        let map = self.get_mut(range.buffer);
+        if let Some(seg) = map.get_mut(&range.start) {
+            if seg.end == range.end {
+                seg.read = seg.read.max(level);
+                return;
+            }
+        }
         split_at(map, range.start);
         split_at(map, range.end);
         // Raise existing segments, then fill the gaps between them.

@@ -46,6 +46,8 @@ pub struct GraphExecutor {
     pub(crate) last_jobs: Vec<Arc<Job>>,
     pub(crate) epoch: Instant,
     pub(crate) fault_seen: usize,
+    /// Tensors copied out by `GraphSession::tap` while taps are on.
+    pub(crate) taps: Option<Vec<(String, Tensor)>>,
 }
 
 impl GraphExecutor {
@@ -71,6 +73,7 @@ impl GraphExecutor {
             last_jobs: Vec::new(),
             epoch: Instant::now(),
             fault_seen: 0,
+            taps: None,
         })
     }
 
@@ -247,6 +250,32 @@ impl GraphExecutor {
             }
         };
         Ok(Tensor { buffer: id, ..t })
+    }
+
+    /// Starts collecting tapped tensors (see [`GraphSession::tap`]).
+    pub fn enable_taps(&mut self) {
+        self.taps.get_or_insert_with(Vec::new);
+    }
+
+    /// True while taps are collected.
+    pub fn taps_enabled(&self) -> bool {
+        self.taps.is_some()
+    }
+
+    /// The tapped tensors so far, as `(name, shape, values)`, in tap order;
+    /// their buffers are released. Waits for in-flight work.
+    pub fn take_taps(&mut self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, RuntimeError> {
+        let taps = match self.taps.as_mut() {
+            Some(t) => std::mem::take(t),
+            None => return Ok(Vec::new()),
+        };
+        let mut out = Vec::with_capacity(taps.len());
+        for (name, t) in taps {
+            let values = self.read_f32(&t)?;
+            self.release_buffer(t.buffer);
+            out.push((name, t.shape.dims().to_vec(), values));
+        }
+        Ok(out)
     }
 
     /// Opens an eager session: nodes run in recorded order, with a barrier

@@ -91,6 +91,24 @@ impl<'e> GraphSession<'e> {
         }
     }
 
+    /// Marks `t` as a named intermediate. When the executor collects taps
+    /// (diagnostics: tensor dumps, reference comparisons), a copy into a
+    /// buffer of its own is recorded and handed back by
+    /// [`GraphExecutor::take_taps`] after the step; otherwise nothing happens.
+    pub fn tap(&mut self, name: &str, t: Tensor) -> Result<(), RuntimeError> {
+        if self.exec.taps.is_none() {
+            return Ok(());
+        }
+        let copy = self.exec.alloc_tensor(DType::F32, t.shape.dims(), &format!("tap.{name}"))?;
+        let node = OpNode::new(weft_ops::Op::Copy, vec![t], vec![copy]);
+        let (reads, writes) = node.ranges();
+        self.record_with_ranges(node, format!("tap.{name}").into(), Some(reads), Some(writes))?;
+        if let Some(taps) = self.exec.taps.as_mut() {
+            taps.push((name.to_string(), copy));
+        }
+        Ok(())
+    }
+
     /// Opens a pool scope; tensors allocated until the matching
     /// [`end_pool_scope`](Self::end_pool_scope) are recycled when it ends.
     pub fn begin_pool_scope(&mut self, kind: PoolScope) {
