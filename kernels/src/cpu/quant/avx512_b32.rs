@@ -129,8 +129,10 @@ const PREFETCH_GROUPS: usize = 2;
 
 /// Decode: `out[r] = w_row(r) . act` for `rows` consecutive weight rows
 /// starting at `w` (`row_bytes` apart, `nb` blocks each) and one activation
-/// row `act`. `out` has room for `rows` floats.
+/// row `act`, using `tok` (room for `nb` entries) as scratch. `out` has
+/// room for `rows` floats.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn matvec<F: Block32>(
     w: *const u8,
     row_bytes: usize,
@@ -138,17 +140,20 @@ pub(crate) unsafe fn matvec<F: Block32>(
     act: *const u8,
     nb: usize,
     out: *mut f32,
+    tok: *mut TokBlock,
 ) {
+    prepare_tokens::<F>(act, nb, tok);
     let mut r0 = 0;
     while r0 < rows {
         let valid = (rows - r0).min(8);
         let base = w.add(r0 * row_bytes);
-        let next = if r0 + 8 * PREFETCH_GROUPS < rows {
-            Some(w.add((r0 + 8 * PREFETCH_GROUPS) * row_bytes))
+        let ahead = r0 + 8 * PREFETCH_GROUPS;
+        let next = if ahead < rows {
+            Some(w.add(ahead * row_bytes))
         } else {
             None
         };
-        let res = matvec8::<F>(base, row_bytes, valid, act, nb, next);
+        let res = matvec8::<F>(base, row_bytes, valid, act, tok, nb, next);
         let mask = (1u16 << valid) - 1;
         _mm256_mask_storeu_ps(out.add(r0), mask as u8, res);
         r0 += 8;
@@ -156,7 +161,8 @@ pub(crate) unsafe fn matvec<F: Block32>(
 }
 
 /// Eight rows (the last `8 - valid` repeat row `valid - 1`) against one
-/// activation row; returns the eight dot products.
+/// activation row (`tok`: its prepared blocks); returns the eight dot
+/// products. `next`: rows to prefetch.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn matvec8<F: Block32>(
@@ -164,6 +170,7 @@ unsafe fn matvec8<F: Block32>(
     row_bytes: usize,
     valid: usize,
     act: *const u8,
+    tok: *const TokBlock,
     nb: usize,
     next: Option<*const u8>,
 ) -> __m256 {
@@ -175,55 +182,35 @@ unsafe fn matvec8<F: Block32>(
     let z = _mm512_setzero_ps();
     let (mut lo_a, mut hi_a, mut lo_b, mut hi_b, mut summs) = (z, z, z, z, z);
     for b in 0..nb {
-        let y = act.add(b * ab);
         let x = base.add(b * F::BYTES);
         if let Some(n) = next {
-            let p = n.add(b * 8 * F::BYTES);
+            // A hint only: addresses past the matrix are harmless.
+            let p = n.wrapping_add(b * 8 * F::BYTES);
             for line in (0..8 * F::BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(line) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
             }
         }
-        let dy = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (y as *const u16).read_unaligned() as i32,
-        )));
+        let tb = &*tok.add(b);
         let t = scales8(x, voffs);
-        let p = _mm512_mul_ps(t, _mm512_set1_ps(dy));
+        let p = _mm512_mul_ps(t, _mm512_set1_ps(tb.dy));
         if F::HAS_MIN {
-            let s = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                (y.add(2) as *const u16).read_unaligned() as i32,
-            )));
-            summs = _mm512_fmadd_ps(t, _mm512_set1_ps(s), summs);
+            summs = _mm512_fmadd_ps(t, _mm512_set1_ps(tb.s), summs);
         }
-        let qy = y.add(act_qs(F::HAS_MIN));
+        let qy = act.add(b * ab + act_qs(F::HAS_MIN));
         let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(qy as *const __m128i));
         let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(qy.add(16) as *const __m128i));
-        let (init_lo, init_hi) = offset_init::<F>(a_lo, a_hi);
+        let (init_lo, init_hi) = prepared_init::<F>(tb);
         let (ca_lo, ca_hi) = codes4::<F>(x, &offs[0..4]);
         let (cb_lo, cb_hi) = codes4::<F>(x, &offs[4..8]);
         let (da, db) = (
             _mm512_permutexvar_ps(idx_a, p),
             _mm512_permutexvar_ps(idx_b, p),
         );
-        lo_a = _mm512_fmadd_ps(
-            da,
-            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_lo, ca_lo, a_lo)),
-            lo_a,
-        );
-        hi_a = _mm512_fmadd_ps(
-            da,
-            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_hi, ca_hi, a_hi)),
-            hi_a,
-        );
-        lo_b = _mm512_fmadd_ps(
-            db,
-            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_lo, cb_lo, a_lo)),
-            lo_b,
-        );
-        hi_b = _mm512_fmadd_ps(
-            db,
-            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init_hi, cb_hi, a_hi)),
-            hi_b,
-        );
+        let lanes = |init, codes, a| _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, codes, a));
+        lo_a = _mm512_fmadd_ps(da, lanes(init_lo, ca_lo, a_lo), lo_a);
+        hi_a = _mm512_fmadd_ps(da, lanes(init_hi, ca_hi, a_hi), hi_a);
+        lo_b = _mm512_fmadd_ps(db, lanes(init_lo, cb_lo, a_lo), lo_b);
+        hi_b = _mm512_fmadd_ps(db, lanes(init_hi, cb_hi, a_hi), hi_b);
     }
     let (sa, sb) = (hsum_rows(lo_a, hi_a), hsum_rows(lo_b, hi_b));
     let pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -239,15 +226,29 @@ unsafe fn matvec8<F: Block32>(
     }
 }
 
+/// The prepared offset start values of a block, spread to all four rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn prepared_init<F: Block32>(tb: &TokBlock) -> (__m512i, __m512i) {
+    if F::OFFSET == 0 {
+        return (_mm512_setzero_si512(), _mm512_setzero_si512());
+    }
+    (
+        _mm512_broadcast_i32x4(_mm_loadu_si128(tb.init_lo.as_ptr() as *const __m128i)),
+        _mm512_broadcast_i32x4(_mm_loadu_si128(tb.init_hi.as_ptr() as *const __m128i)),
+    )
+}
+
 /// One block of a four-row panel: codes ready for `vpdpbusd`, the row
-/// scales spread over their 128-bit lanes, and the row minimums.
+/// scales spread over their 128-bit lanes, and the row minimums spread for
+/// the (row, token) chains of [`tile`] (`m[8r..8r+8] = m_r`).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub(crate) struct PanelBlock {
     lo: [u8; 64],
     hi: [u8; 64],
     d: [f32; 16],
-    m: [f32; 4],
+    m: [f32; 32],
 }
 
 /// Per token and block: the activation scale and sum, and the offset
@@ -265,6 +266,17 @@ pub(crate) struct TokBlock {
 /// Rows per panel group and tokens per register tile.
 pub(crate) const PANEL_ROWS: usize = 4;
 pub(crate) const TILE_TOKENS: usize = 8;
+/// Weight rows unpacked into one panel (a multiple of `PANEL_ROWS`).
+pub(crate) const GEMM_PANEL_ROWS: usize = 16;
+
+/// Scratch the prefill driver needs, in bytes: panels, prepared token
+/// blocks, and the activation sums of every token tile.
+pub(crate) fn gemm_scratch_bytes(n: usize, nb: usize) -> (usize, usize, usize) {
+    let panel = GEMM_PANEL_ROWS / PANEL_ROWS * nb * size_of::<PanelBlock>();
+    let tok = n * nb * size_of::<TokBlock>();
+    let sums = n.div_ceil(TILE_TOKENS) * nb * size_of::<[f32; TILE_TOKENS]>();
+    (panel, tok, sums)
+}
 
 /// Unpacks `valid` (1..=4) rows into `panel[0..nb]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -278,7 +290,8 @@ pub(crate) unsafe fn pack_panel<F: Block32>(
     let offs = row_offsets(row_bytes, valid);
     let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
     let idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-    let odd = _mm512_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    let m01 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+    let m23 = _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7);
     for b in 0..nb {
         let x = w.add(b * F::BYTES);
         let (lo, hi) = codes4::<F>(x, &offs[0..4]);
@@ -287,10 +300,8 @@ pub(crate) unsafe fn pack_panel<F: Block32>(
         _mm512_storeu_si512(dst.lo.as_mut_ptr() as *mut __m512i, lo);
         _mm512_storeu_si512(dst.hi.as_mut_ptr() as *mut __m512i, hi);
         _mm512_storeu_ps(dst.d.as_mut_ptr(), _mm512_permutexvar_ps(idx, t));
-        _mm_storeu_ps(
-            dst.m.as_mut_ptr(),
-            _mm512_castps512_ps128(_mm512_permutexvar_ps(odd, t)),
-        );
+        _mm512_storeu_ps(dst.m.as_mut_ptr(), _mm512_permutexvar_ps(m01, t));
+        _mm512_storeu_ps(dst.m.as_mut_ptr().add(16), _mm512_permutexvar_ps(m23, t));
     }
 }
 
@@ -298,6 +309,11 @@ pub(crate) unsafe fn pack_panel<F: Block32>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: *mut TokBlock) {
     let ab = act_bytes(F::HAS_MIN);
+    let half = |p: *const u8| {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    };
     for b in 0..nb {
         let y = act.add(b * ab);
         let qy = y.add(act_qs(F::HAS_MIN));
@@ -313,11 +329,6 @@ pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: 
             t.init_hi.as_mut_ptr() as *mut __m128i,
             _mm512_castsi512_si128(hi),
         );
-        let half = |p: *const u8| {
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                (p as *const u16).read_unaligned() as i32,
-            )))
-        };
         t.dy = half(y);
         t.s = if F::HAS_MIN { half(y.add(2)) } else { 0.0 };
     }
@@ -325,7 +336,8 @@ pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: 
 
 /// One register tile: the four rows of `panel` against `T` tokens.
 /// `acts[t]` / `toks[t]` are token `t`'s activation row and prepared
-/// blocks; `out[t]` points at the output of the panel's first row for
+/// blocks, `sums[b]` the tile's activation sums of block `b` (formats with
+/// minimums); `out[t]` points at the output of the panel's first row for
 /// token `t` (four consecutive floats, `valid` of them written).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn tile<F: Block32, const T: usize>(
@@ -333,14 +345,15 @@ pub(crate) unsafe fn tile<F: Block32, const T: usize>(
     nb: usize,
     acts: &[*const u8; T],
     toks: &[*const TokBlock; T],
+    sums: *const [f32; TILE_TOKENS],
     out: &[*mut f32; T],
     valid: usize,
 ) {
-    let ab = act_bytes(F::HAS_MIN);
-    let aq = act_qs(F::HAS_MIN);
+    let (ab, aq) = (act_bytes(F::HAS_MIN), act_qs(F::HAS_MIN));
     let z = _mm512_setzero_ps();
-    let mut lo = [z; T];
-    let mut hi = [z; T];
+    let (mut lo, mut hi) = ([z; T], [z; T]);
+    // m*s chains: lane (r, t) of rows 0-1 / rows 2-3 (eight tokens each).
+    let (mut ms01, mut ms23) = (z, z);
     for b in 0..nb {
         let pb = &*panel.add(b);
         let wl = _mm512_loadu_si512(pb.lo.as_ptr() as *const __m512i);
@@ -348,22 +361,11 @@ pub(crate) unsafe fn tile<F: Block32, const T: usize>(
         let d = _mm512_loadu_ps(pb.d.as_ptr());
         for t in 0..T {
             let y = acts[t].add(b * ab + aq);
-            let tb = toks[t].add(b);
+            let tb = &*toks[t].add(b);
             let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
             let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
-            let (i_lo, i_hi) = if F::OFFSET == 0 {
-                (_mm512_setzero_si512(), _mm512_setzero_si512())
-            } else {
-                (
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(
-                        (*tb).init_lo.as_ptr() as *const __m128i
-                    )),
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(
-                        (*tb).init_hi.as_ptr() as *const __m128i
-                    )),
-                )
-            };
-            let p = _mm512_mul_ps(d, _mm512_set1_ps((*tb).dy));
+            let (i_lo, i_hi) = prepared_init::<F>(tb);
+            let p = _mm512_mul_ps(d, _mm512_set1_ps(tb.dy));
             lo[t] = _mm512_fmadd_ps(
                 p,
                 _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(i_lo, wl, a_lo)),
@@ -375,34 +377,75 @@ pub(crate) unsafe fn tile<F: Block32, const T: usize>(
                 hi[t],
             );
         }
+        if F::HAS_MIN {
+            let s = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
+                sums.add(b) as *const f64
+            )));
+            ms01 = _mm512_fmadd_ps(_mm512_loadu_ps(pb.m.as_ptr()), s, ms01);
+            ms23 = _mm512_fmadd_ps(_mm512_loadu_ps(pb.m.as_ptr().add(16)), s, ms23);
+        }
     }
+    // Lane 4t + r of tokens 0-3 / 4-7 from the chains (lane 8r + t).
+    let tr = |t: i32| {
+        _mm512_setr_epi32(
+            t,
+            8 + t,
+            16 + t,
+            24 + t,
+            t + 1,
+            9 + t,
+            17 + t,
+            25 + t,
+            t + 2,
+            10 + t,
+            18 + t,
+            26 + t,
+            t + 3,
+            11 + t,
+            19 + t,
+            27 + t,
+        )
+    };
+    let summs = [
+        _mm512_permutex2var_ps(ms01, tr(0), ms23),
+        _mm512_permutex2var_ps(ms01, tr(4), ms23),
+    ];
     let pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     let mask = ((1u16 << valid) - 1) as u8;
     for t in 0..T {
         let mut res = _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, hsum_rows(lo[t], hi[t])));
         if F::HAS_MIN {
-            res = _mm_add_ps(res, tile_summs(panel, nb, toks[t]));
+            let q = (t % 4) as i32;
+            let sel = _mm512_setr_epi32(
+                4 * q,
+                4 * q + 1,
+                4 * q + 2,
+                4 * q + 3,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+            );
+            res = _mm_add_ps(
+                res,
+                _mm512_castps512_ps128(_mm512_permutexvar_ps(sel, summs[t / 4])),
+            );
         }
         _mm_mask_storeu_ps(out[t], mask, res);
     }
 }
 
-/// `sum_b m[r] * s_t` for the four rows, as ggml's fused chain.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_summs(panel: *const PanelBlock, nb: usize, tok: *const TokBlock) -> __m128 {
-    let mut acc = _mm_setzero_ps();
-    for b in 0..nb {
-        let m = _mm_loadu_ps((*panel.add(b)).m.as_ptr());
-        acc = _mm_fmadd_ps(m, _mm_set1_ps((*tok.add(b)).s), acc);
-    }
-    acc
-}
-
 /// Prefill driver for one thread's rows: `out[t * out_stride + r]` for
-/// `r` in `0..rows` (rows relative to `w`) and `t` in `0..n`, using
-/// `panel` (room for `4 * PANEL_ROWS_MAX/4 * nb` blocks) and `tok` (room
-/// for `n * nb` entries) as scratch.
+/// `r` in `0..rows` (rows relative to `w`) and `t` in `0..n`. `scratch`
+/// holds [`gemm_scratch_bytes`] bytes, 64-byte aligned.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<F: Block32>(
@@ -415,18 +458,31 @@ pub(crate) unsafe fn gemm<F: Block32>(
     nb: usize,
     out: *mut f32,
     out_stride: usize,
-    panel: *mut PanelBlock,
-    tok: *mut TokBlock,
+    scratch: *mut u8,
 ) {
+    let (panel_bytes, tok_bytes, _) = gemm_scratch_bytes(n, nb);
+    let panel = scratch as *mut PanelBlock;
+    let tok = scratch.add(panel_bytes) as *mut TokBlock;
+    let sums = scratch.add(panel_bytes + tok_bytes) as *mut [f32; TILE_TOKENS];
     for t in 0..n {
         prepare_tokens::<F>(act.add(t * act_row_bytes), nb, tok.add(t * nb));
     }
-    let groups_per_panel = GEMM_PANEL_ROWS / PANEL_ROWS;
+    for (tile, t0) in (0..n).step_by(TILE_TOKENS).enumerate() {
+        for b in 0..nb {
+            let s = &mut *sums.add(tile * nb + b);
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = if t0 + i < n {
+                    (*tok.add((t0 + i) * nb + b)).s
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
     let mut r0 = 0;
     while r0 < rows {
-        let panel_rows = (rows - r0).min(GEMM_PANEL_ROWS);
-        let groups = panel_rows.div_ceil(PANEL_ROWS);
-        for g in 0..groups.min(groups_per_panel) {
+        let groups = (rows - r0).min(GEMM_PANEL_ROWS).div_ceil(PANEL_ROWS);
+        for g in 0..groups {
             let gr = r0 + g * PANEL_ROWS;
             pack_panel::<F>(
                 w.add(gr * row_bytes),
@@ -436,66 +492,65 @@ pub(crate) unsafe fn gemm<F: Block32>(
                 panel.add(g * nb),
             );
         }
-        let mut t0 = 0;
-        while t0 < n {
-            let tt = (n - t0).min(TILE_TOKENS);
+        for (tile, t0) in (0..n).step_by(TILE_TOKENS).enumerate() {
             for g in 0..groups {
                 let gr = r0 + g * PANEL_ROWS;
-                let valid = (rows - gr).min(PANEL_ROWS);
-                let p = panel.add(g * nb);
-                run_tile::<F>(
-                    p,
+                let job = TileJob {
+                    panel: panel.add(g * nb),
                     nb,
-                    act,
+                    act: act.add(t0 * act_row_bytes),
                     act_row_bytes,
-                    tok,
-                    t0,
-                    tt,
-                    out.add(gr),
+                    tok: tok.add(t0 * nb),
+                    sums: sums.add(tile * nb),
+                    out: out.add(t0 * out_stride + gr),
                     out_stride,
-                    valid,
-                );
+                    valid: (rows - gr).min(PANEL_ROWS),
+                };
+                job.run::<F>((n - t0).min(TILE_TOKENS));
             }
-            t0 += tt;
         }
-        r0 += panel_rows;
+        r0 += groups * PANEL_ROWS;
     }
 }
 
-/// Weight rows unpacked into one panel (a multiple of `PANEL_ROWS`).
-pub(crate) const GEMM_PANEL_ROWS: usize = 16;
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn run_tile<F: Block32>(
+/// One register tile's operands (token 0 of the tile first).
+struct TileJob {
     panel: *const PanelBlock,
     nb: usize,
     act: *const u8,
     act_row_bytes: usize,
     tok: *const TokBlock,
-    t0: usize,
-    tt: usize,
+    sums: *const [f32; TILE_TOKENS],
     out: *mut f32,
     out_stride: usize,
     valid: usize,
-) {
-    macro_rules! go {
-        ($t:literal) => {{
-            let acts: [*const u8; $t] = core::array::from_fn(|i| act.add((t0 + i) * act_row_bytes));
-            let toks: [*const TokBlock; $t] = core::array::from_fn(|i| tok.add((t0 + i) * nb));
-            let outs: [*mut f32; $t] = core::array::from_fn(|i| out.add((t0 + i) * out_stride));
-            tile::<F, $t>(panel, nb, &acts, &toks, &outs, valid)
-        }};
-    }
-    match tt {
-        8 => go!(8),
-        7 => go!(7),
-        6 => go!(6),
-        5 => go!(5),
-        4 => go!(4),
-        3 => go!(3),
-        2 => go!(2),
-        _ => go!(1),
+}
+
+impl TileJob {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn run<F: Block32>(&self, tokens: usize) {
+        macro_rules! go {
+            ($t:literal) => {{
+                let acts: [*const u8; $t] =
+                    core::array::from_fn(|i| self.act.add(i * self.act_row_bytes));
+                let toks: [*const TokBlock; $t] =
+                    core::array::from_fn(|i| self.tok.add(i * self.nb));
+                let outs: [*mut f32; $t] =
+                    core::array::from_fn(|i| self.out.add(i * self.out_stride));
+                tile::<F, $t>(
+                    self.panel, self.nb, &acts, &toks, self.sums, &outs, self.valid,
+                )
+            }};
+        }
+        match tokens {
+            8 => go!(8),
+            7 => go!(7),
+            6 => go!(6),
+            5 => go!(5),
+            4 => go!(4),
+            3 => go!(3),
+            2 => go!(2),
+            _ => go!(1),
+        }
     }
 }

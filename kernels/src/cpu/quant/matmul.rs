@@ -258,17 +258,20 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
 unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 32;
     match isa {
-        Isa::Avx512 if c.n == 1 => {
-            avx512_b32::matvec::<F>(c.w, c.row_bytes, c.rows, c.act, nb, c.out)
-        }
+        Isa::Avx512 if c.n == 1 => with_scratch(nb * size_of::<avx512_b32::TokBlock>(), |s| {
+            avx512_b32::matvec::<F>(
+                c.w,
+                c.row_bytes,
+                c.rows,
+                c.act,
+                nb,
+                c.out,
+                s as *mut avx512_b32::TokBlock,
+            )
+        }),
         Isa::Avx512 => {
-            let panel_bytes = avx512_b32::GEMM_PANEL_ROWS / avx512_b32::PANEL_ROWS
-                * nb
-                * size_of::<avx512_b32::PanelBlock>();
-            let tok_bytes = c.n * nb * size_of::<avx512_b32::TokBlock>();
-            with_scratch(panel_bytes + tok_bytes, |s| {
-                let panel = s as *mut avx512_b32::PanelBlock;
-                let tok = s.add(panel_bytes) as *mut avx512_b32::TokBlock;
+            let (panel, tok, sums) = avx512_b32::gemm_scratch_bytes(c.n, nb);
+            with_scratch(panel + tok + sums, |s| {
                 avx512_b32::gemm::<F>(
                     c.w,
                     c.row_bytes,
@@ -279,8 +282,7 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
                     nb,
                     c.out,
                     c.stride,
-                    panel,
-                    tok,
+                    s,
                 )
             })
         }

@@ -1,0 +1,416 @@
+//! Quantized matmul benchmarks at SmolLM2-135M sizes, with the machine's
+//! memory bandwidth measured in the same run so the ratio is meaningful on
+//! a shared, noisy machine.
+//!
+//! - `membw/{1,2}t`: sum of a 1 GiB buffer (read bandwidth).
+//! - `decode_smollm2/{1,2}t`: one token through every matrix of SmolLM2
+//!   (30 layers of Q4_1 576x576, 192x576 x2, 576x576, 1536x576 x2,
+//!   576x1536, and the 49152x576 Q8_0 head): ~96 MB of weights, streamed.
+//! - `decode/<fmt>/{1,2}t`: the same 30-layer set of shapes in one format.
+//! - `prefill/<fmt>/{1,2}t`: 512 tokens through one layer's seven matrices.
+//!
+//! Threads split the weight rows (`OutColumns::split_at`), one
+//! `std::thread::scope` per pass. `QUANT_BENCH_TABLE=1` prints a summary
+//! table (best of several passes, ratios to the measured bandwidth) instead
+//! of running criterion. `WEFT_CPU_ISA` picks the kernel path.
+
+use criterion::{Criterion, Throughput};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+use weft_kernels::cpu::quant::{self, OutColumns};
+use weft_ops::quant::{quantize_row, vec_dot_type};
+use weft_ops::DType;
+
+struct Matrix {
+    dtype: DType,
+    rows: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn row(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2)
+            .collect()
+    }
+}
+
+fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap_or(0)];
+    quantize_row(dtype, x, &mut q).unwrap_or(());
+    q
+}
+
+/// A matrix of real quantized rows (64 distinct ones, tiled: the content
+/// does not change the speed).
+fn matrix(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Matrix {
+    let distinct: Vec<Vec<u8>> = (0..64.min(rows))
+        .map(|_| quantized(dtype, &rng.row(k)))
+        .collect();
+    let data = (0..rows)
+        .flat_map(|r| distinct[r % distinct.len()].iter().copied())
+        .collect();
+    Matrix {
+        dtype,
+        rows,
+        k,
+        data,
+    }
+}
+
+/// One layer of SmolLM2's projections with `k` rounded up for formats with
+/// 256-element blocks.
+fn layer_shapes(dtype: DType) -> Vec<(usize, usize)> {
+    let (h, f) = if dtype.block_len() == 256 {
+        (768, 1536)
+    } else {
+        (576, 1536)
+    };
+    vec![
+        (h, h),
+        (h / 3, h),
+        (h / 3, h),
+        (h, h),
+        (f, h),
+        (f, h),
+        (h, f),
+    ]
+}
+
+struct Model {
+    mats: Vec<Matrix>,
+    /// One activation row (or `n` rows) per distinct k.
+    acts: Vec<(usize, Vec<u8>)>,
+    n: usize,
+}
+
+impl Model {
+    fn new(rng: &mut Rng, dtype: DType, layers: usize, head: bool, n: usize) -> Model {
+        let mut mats = Vec::new();
+        let shapes = layer_shapes(dtype);
+        for _ in 0..layers {
+            for &(rows, k) in &shapes {
+                mats.push(matrix(rng, dtype, rows, k));
+            }
+        }
+        if head {
+            mats.push(matrix(rng, DType::Q8_0, 49152, 576));
+        }
+        let mut acts: Vec<(usize, Vec<u8>)> = Vec::new();
+        for m in &mats {
+            let adtype = vec_dot_type(m.dtype);
+            if !acts
+                .iter()
+                .any(|(k, a)| *k == m.k && a.len() == n * adtype.row_bytes(m.k).unwrap_or(0))
+            {
+                let rows: Vec<u8> = (0..n)
+                    .flat_map(|_| quantized(adtype, &rng.row(m.k)))
+                    .collect();
+                acts.push((m.k, rows));
+            }
+        }
+        Model { mats, acts, n }
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.mats.iter().map(|m| m.data.len() as u64).sum()
+    }
+
+    fn flops(&self) -> f64 {
+        self.mats
+            .iter()
+            .map(|m| 2.0 * m.rows as f64 * m.k as f64 * self.n as f64)
+            .sum()
+    }
+
+    fn act(&self, m: &Matrix) -> &[u8] {
+        let want = self.n * vec_dot_type(m.dtype).row_bytes(m.k).unwrap_or(0);
+        self.acts
+            .iter()
+            .find(|(k, a)| *k == m.k && a.len() == want)
+            .map_or(&[], |(_, a)| a)
+    }
+
+    /// Every matrix once, rows split over `threads` threads.
+    fn pass(&self, threads: usize, outs: &mut [Vec<f32>]) {
+        std::thread::scope(|s| {
+            let mut parts: Vec<Vec<(usize, OutColumns)>> =
+                (0..threads).map(|_| Vec::new()).collect();
+            for (i, (m, out)) in self.mats.iter().zip(outs.iter_mut()).enumerate() {
+                let Ok(mut view) = OutColumns::new(out, self.n, m.rows) else {
+                    continue;
+                };
+                for t in 0..threads - 1 {
+                    let cut = m.rows * (t + 1) / threads;
+                    let (left, right) = view.split_at(cut);
+                    parts[t].push((i, left));
+                    view = right;
+                }
+                parts[threads - 1].push((i, view));
+            }
+            for part in parts {
+                s.spawn(move || {
+                    for (i, mut view) in part {
+                        let m = &self.mats[i];
+                        let _ =
+                            quant::matmul(m.dtype, &m.data, m.k, self.act(m), self.n, &mut view);
+                    }
+                });
+            }
+        });
+    }
+
+    fn outputs(&self) -> Vec<Vec<f32>> {
+        self.mats
+            .iter()
+            .map(|m| vec![0f32; m.rows * self.n])
+            .collect()
+    }
+}
+
+/// Read bandwidth: sum a buffer much larger than the caches.
+struct Bandwidth {
+    buf: Vec<u64>,
+}
+
+impl Bandwidth {
+    fn new() -> Bandwidth {
+        let words = (1usize << 30) / 8;
+        Bandwidth {
+            buf: (0..words as u64)
+                .map(|i| i.wrapping_mul(0x9E37_79B9))
+                .collect(),
+        }
+    }
+    fn bytes(&self) -> u64 {
+        (self.buf.len() * 8) as u64
+    }
+    fn pass(&self, threads: usize) -> u64 {
+        let chunk = self.buf.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .buf
+                .chunks(chunk)
+                .map(|c| {
+                    s.spawn(move || {
+                        c.chunks_exact(8).fold(0u64, |acc, w| {
+                            acc.wrapping_add(w.iter().fold(0u64, |a, v| a ^ v))
+                        })
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        })
+    }
+}
+
+const FORMATS: [DType; 7] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+    DType::F16,
+];
+
+fn criterion_benches(c: &mut Criterion) {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let bw = Bandwidth::new();
+    let mut g = c.benchmark_group("membw");
+    g.throughput(Throughput::Bytes(bw.bytes()));
+    for t in [1, 2] {
+        g.bench_function(format!("{t}t"), |b| b.iter(|| black_box(bw.pass(t))));
+    }
+    g.finish();
+    drop(bw);
+
+    let model = Model::new(&mut rng, DType::Q4_1, 30, true, 1);
+    let mut outs = model.outputs();
+    let mut g = c.benchmark_group("decode_smollm2");
+    g.throughput(Throughput::Bytes(model.weight_bytes()));
+    for t in [1, 2] {
+        g.bench_function(format!("{t}t"), |b| b.iter(|| model.pass(t, &mut outs)));
+    }
+    g.finish();
+    drop(model);
+
+    for dtype in FORMATS {
+        let model = Model::new(&mut rng, dtype, 30, false, 1);
+        let mut outs = model.outputs();
+        let mut g = c.benchmark_group(format!("decode/{dtype}"));
+        g.throughput(Throughput::Bytes(model.weight_bytes()));
+        for t in [1, 2] {
+            g.bench_function(format!("{t}t"), |b| b.iter(|| model.pass(t, &mut outs)));
+        }
+        g.finish();
+    }
+
+    for dtype in FORMATS {
+        let model = Model::new(&mut rng, dtype, 1, false, 512);
+        let mut outs = model.outputs();
+        let mut g = c.benchmark_group(format!("prefill/{dtype}"));
+        g.throughput(Throughput::Elements(model.flops() as u64));
+        for t in [1, 2] {
+            g.bench_function(format!("{t}t"), |b| b.iter(|| model.pass(t, &mut outs)));
+        }
+        g.finish();
+    }
+}
+
+/// Best of `reps` timings of `f`.
+fn best(reps: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+fn table() {
+    let isa = quant::Isa::detect().map_or("?", |i| i.name());
+    println!("quantized matmul summary (kernel path: {isa}; best of several passes)");
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let bw = Bandwidth::new();
+    let gbs = |bytes: u64, d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    let bw_t: Vec<f64> = [1, 2]
+        .iter()
+        .map(|&t| {
+            gbs(
+                bw.bytes(),
+                best(5, || {
+                    black_box(bw.pass(t));
+                }),
+            )
+        })
+        .collect();
+    drop(bw);
+    println!(
+        "memory read bandwidth: 1t {:.1} GB/s, 2t {:.1} GB/s",
+        bw_t[0], bw_t[1]
+    );
+
+    let model = Model::new(&mut rng, DType::Q4_1, 30, true, 1);
+    let mut outs = model.outputs();
+    let mb = model.weight_bytes() as f64 / 1e6;
+    for (i, t) in [1, 2].into_iter().enumerate() {
+        let d = best(20, || model.pass(t, &mut outs));
+        let g = gbs(model.weight_bytes(), d);
+        println!(
+            "decode SmolLM2 ({mb:.1} MB) {t}t: {:.2} ms/token = {:.0} tok/s (matmuls only), {g:.1} GB/s = {:.0}% of bandwidth",
+            d.as_secs_f64() * 1e3,
+            1.0 / d.as_secs_f64(),
+            100.0 * g / bw_t[i]
+        );
+    }
+    drop(model);
+
+    println!(
+        "{:<6} {:>9} {:>16} {:>16} {:>14} {:>14}",
+        "format", "MB", "decode 1t GB/s", "decode 2t GB/s", "pp 1t GFLOP/s", "pp 2t GFLOP/s"
+    );
+    for dtype in FORMATS {
+        let model = Model::new(&mut rng, dtype, 30, false, 1);
+        let mut outs = model.outputs();
+        let dec: Vec<f64> = [1, 2]
+            .iter()
+            .map(|&t| gbs(model.weight_bytes(), best(10, || model.pass(t, &mut outs))))
+            .collect();
+        let mb = model.weight_bytes() as f64 / 1e6;
+        drop(model);
+        let model = Model::new(&mut rng, dtype, 1, false, 512);
+        let mut outs = model.outputs();
+        let pp: Vec<f64> = [1, 2]
+            .iter()
+            .map(|&t| model.flops() / best(5, || model.pass(t, &mut outs)).as_secs_f64() / 1e9)
+            .collect();
+        println!(
+            "{:<6} {mb:>9.1} {:>9.1} ({:>3.0}%) {:>9.1} ({:>3.0}%) {:>14.1} {:>14.1}",
+            dtype.name(),
+            dec[0],
+            100.0 * dec[0] / bw_t[0],
+            dec[1],
+            100.0 * dec[1] / bw_t[1],
+            pp[0],
+            pp[1]
+        );
+    }
+}
+
+/// Cache-resident single matrices, best of many short runs: the kernels'
+/// compute throughput, robust to a loaded machine (short runs are rarely
+/// preempted).
+fn hot() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for dtype in FORMATS {
+        let (rows, k) = if dtype.block_len() == 256 {
+            (1536, 768)
+        } else {
+            (1536, 576)
+        };
+        let mut line = format!("{:<6} {rows}x{k}:", dtype.name());
+        for n in [1usize, 64] {
+            let mut m = Model::new(&mut rng, dtype, 0, false, n);
+            m.mats.push(matrix(&mut rng, dtype, rows, k));
+            let adtype = vec_dot_type(dtype);
+            m.acts = vec![(
+                k,
+                (0..n)
+                    .flat_map(|_| quantized(adtype, &rng.row(k)))
+                    .collect(),
+            )];
+            let mut outs = m.outputs();
+            let mat = &m.mats[0];
+            let act = m.act(mat).to_vec();
+            let d = best(300, || {
+                if let Ok(mut v) = OutColumns::new(&mut outs[0], n, rows) {
+                    let _ = quant::matmul(dtype, &mat.data, k, &act, n, &mut v);
+                }
+            });
+            if n == 1 {
+                line += &format!(
+                    " matvec {:.1} GB/s ({:.1} us)",
+                    mat.data.len() as f64 / d.as_secs_f64() / 1e9,
+                    d.as_secs_f64() * 1e6
+                );
+            } else {
+                line += &format!(", n={n} {:.1} GFLOP/s", m.flops() / d.as_secs_f64() / 1e9);
+            }
+        }
+        println!("{line}");
+    }
+}
+
+fn main() {
+    if std::env::var("QUANT_BENCH_HOT").is_ok_and(|v| v == "1") {
+        hot();
+        return;
+    }
+    if std::env::var("QUANT_BENCH_TABLE").is_ok_and(|v| v == "1") {
+        table();
+        return;
+    }
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    criterion_benches(&mut c);
+    c.final_summary();
+}
