@@ -12,7 +12,7 @@
 //!   relative 1e-5 of the sum of the magnitudes of the terms.
 
 mod quant {
-    use weft_kernels::cpu::quant::{self, Isa, OutColumns, SUPPORTED_WEIGHTS};
+    use weft_kernels::cpu::quant::{self, Isa, OutColumns, REFERENCE_WEIGHTS, SUPPORTED_WEIGHTS};
     use weft_ops::quant::{dequantize_row, quantize_row, vec_dot_reference, vec_dot_type};
     use weft_ops::DType;
 
@@ -157,7 +157,7 @@ mod quant {
     #[test]
     fn every_path_matches_the_reference_dot_within_rounding() {
         let mut rng = Rng::new(12);
-        for dtype in SUPPORTED_WEIGHTS {
+        for dtype in SUPPORTED_WEIGHTS.into_iter().chain(REFERENCE_WEIGHTS) {
             for _ in 0..25 {
                 let k = random_k(&mut rng, dtype);
                 let (w, a) = problem(&mut rng, dtype, 1, k, 1);
@@ -202,7 +202,7 @@ mod quant {
     #[test]
     fn matmul_equals_row_dots_bit_for_bit_on_every_path() {
         let mut rng = Rng::new(13);
-        for dtype in SUPPORTED_WEIGHTS {
+        for dtype in SUPPORTED_WEIGHTS.into_iter().chain(REFERENCE_WEIGHTS) {
             for _ in 0..4 {
                 let k = random_k(&mut rng, dtype);
                 let rows = rng.range(1, 40);
@@ -268,7 +268,9 @@ mod quant {
         assert!(quant::matmul(DType::Q4_1, &[0u8; 40], 33, &[0u8; 72], 2, &mut view).is_err());
         assert!(quant::matmul(DType::Q4_1, &[0u8; 20], 32, &[0u8; 72], 2, &mut view).is_err());
         assert!(quant::matmul(DType::Q4_1, &[0u8; 40], 32, &[0u8; 36], 2, &mut view).is_err());
-        assert!(quant::matmul(DType::Q2_K, &[0u8; 168], 256, &[0u8; 584], 2, &mut view).is_err());
+        assert!(
+            quant::matmul(DType::IQ2_XXS, &[0u8; 132], 256, &[0u8; 584], 2, &mut view).is_err()
+        );
         assert!(OutColumns::new(&mut out, 3, 2).is_err());
         assert!(quant::quantize_activations(DType::Q8_0, &[1.0; 32], &mut [0u8; 36]).is_err());
         assert!(quant::vec_dot(DType::Q8_0, &[0u8; 34], &[0u8; 36]).is_err());

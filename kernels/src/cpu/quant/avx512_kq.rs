@@ -14,14 +14,14 @@
 //! are signed (`q - 32`); the activations are offset to unsigned
 //! (`y + 128`) so `vpmaddubsw` can take them, and the `128 * (q - 32)` terms
 //! are subtracted through a per-row start value computed at packing.
-//! One token at a time (decode) uses the AVX2 row kernel instead, which
-//! skips the packing and gives the same results.
+//! One token at a time (decode) goes to `avx512_kq_mv.rs`, which reads the
+//! GGUF rows directly and gives the same results.
 
 #![allow(clippy::missing_safety_doc)]
 
 use super::formats::kq;
 use super::matmul::RawCall;
-use super::{avx2, scalar};
+use super::{avx512_kq_mv, scalar};
 use core::arch::x86_64::*;
 use weft_ops::quant::{f16_to_f32, unpack_q4k_scales_mins};
 use weft_ops::{DType, OpError};
@@ -58,13 +58,10 @@ pub(crate) unsafe fn matmul(wdtype: DType, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 256;
     let q6 = wdtype == DType::Q6_K;
     if c.n == 1 {
-        for r in 0..c.rows {
-            let w = c.w.add(r * c.row_bytes);
-            *c.out.add(r) = if q6 {
-                avx2::dot_q6k(w, c.act, nb)
-            } else {
-                avx2::dot_q4k(w, c.act, nb)
-            };
+        if q6 {
+            avx512_kq_mv::matvec_q6k(c.w, c.row_bytes, c.rows, c.act, nb, c.out);
+        } else {
+            avx512_kq_mv::matvec_q4k(c.w, c.row_bytes, c.rows, c.act, nb, c.out);
         }
         return Ok(());
     }

@@ -248,6 +248,20 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
             rowwise(c, |w, a| super::dot_raw(isa, wdtype, w, a, c.k));
             Ok(())
         }
+        DType::Q2_K | DType::Q3_K | DType::Q5_K => {
+            // No fast kernel yet: ggml's generic C order, row by row.
+            let adtype = weft_ops::quant::vec_dot_type(wdtype);
+            let mut failure = None;
+            rowwise(c, |w, a| {
+                let w = std::slice::from_raw_parts(w, c.row_bytes);
+                let a = std::slice::from_raw_parts(a, c.act_row);
+                weft_ops::quant::vec_dot_reference(wdtype, w, adtype, a).unwrap_or_else(|e| {
+                    failure.get_or_insert(e);
+                    f32::NAN
+                })
+            });
+            failure.map_or(Ok(()), Err)
+        }
         other => Err(OpError::Unsupported {
             op: "matmul",
             what: format!("{other} weights in the CPU quantized kernels"),
@@ -297,7 +311,7 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
 }
 
 /// Weight row outer, tokens inner.
-unsafe fn rowwise(c: &RawCall, dot: impl Fn(*const u8, *const u8) -> f32) {
+unsafe fn rowwise(c: &RawCall, mut dot: impl FnMut(*const u8, *const u8) -> f32) {
     for r in 0..c.rows {
         let w = c.w.add(r * c.row_bytes);
         for t in 0..c.n {

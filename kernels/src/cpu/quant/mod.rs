@@ -26,13 +26,15 @@
 //! Files: `isa.rs` (detection), `formats.rs` (format descriptions),
 //! `scalar.rs` (the specification and fallback), `avx2.rs`,
 //! `avx512_b32.rs` (32-element formats: decode matvec and prefill gemm),
-//! `avx512_kq.rs` (Q4_K, Q6_K), `activation.rs` (quantizers),
+//! `avx512_kq.rs` / `avx512_kq_mv.rs` (Q4_K, Q6_K prefill / decode),
+//! `activation.rs` (quantizers),
 //! `matmul.rs` (the driver and output views).
 
 mod activation;
 mod avx2;
 mod avx512_b32;
 mod avx512_kq;
+mod avx512_kq_mv;
 mod formats;
 mod isa;
 mod matmul;
@@ -46,8 +48,9 @@ use std::ops::Range;
 use weft_ops::quant::vec_dot_type;
 use weft_ops::{DType, OpError};
 
-/// Weight formats the fast kernels compute with (others: `matmul` returns
-/// `OpError::Unsupported`; `weft_ops::quant` still decodes them).
+/// Weight formats the fast kernels compute with. [`REFERENCE_WEIGHTS`] are
+/// multiplied too, at reference speed; `matmul` refuses others with
+/// `OpError::Unsupported` (`weft_ops::quant` may still decode them).
 pub const SUPPORTED_WEIGHTS: [DType; 10] = [
     DType::F32,
     DType::F16,
@@ -60,6 +63,10 @@ pub const SUPPORTED_WEIGHTS: [DType; 10] = [
     DType::Q4_K,
     DType::Q6_K,
 ];
+
+/// Weight formats `matmul` multiplies with `weft_ops::quant`'s reference
+/// dot product (ggml's generic C order), row by row: correct but slow.
+pub const REFERENCE_WEIGHTS: [DType; 3] = [DType::Q2_K, DType::Q3_K, DType::Q5_K];
 
 /// Quantizes (or converts) one f32 row into `dtype` (Q8_0, Q8_1, Q8_K,
 /// F16, BF16 or F32), bit-identical to `weft_ops::quant::quantize_row`.

@@ -1,0 +1,256 @@
+//! AVX-512 decode kernels (one activation row) for Q4_K and Q6_K, straight
+//! from the GGUF rows: two weight rows per 512-bit register, each 256-bit
+//! half exactly ggml's AVX2 register for that row (`ggml_vec_dot_q4_K_q8_K`
+//! / `_q6_K_`), so every lane sums the same integers and accumulates them
+//! in the same order; the rows are reduced with `hsum_float_8` at the end.
+//! Bit-identical to `scalar.rs`.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::formats::kq;
+use core::arch::x86_64::*;
+
+/// ggml's `hsum_float_8` of both 256-bit halves: lane 0 of each 128-bit
+/// pair (0 and 8) holds row 0's / row 1's sum.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn hsum_halves(x: __m512) -> (f32, f32) {
+    let lo = _mm512_castps512_ps256(x);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+    (super::avx2::hsum8(lo), super::avx2::hsum8(hi))
+}
+
+/// 32 bytes of row 0 and 32 bytes of row 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn pair32(r0: *const u8, r1: *const u8) -> __m512i {
+    let lo = _mm512_castsi256_si512(_mm256_loadu_si256(r0 as *const __m256i));
+    _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(r1 as *const __m256i))
+}
+
+/// 32 activation bytes in both halves.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn both32(y: *const u8) -> __m512i {
+    _mm512_broadcast_i64x4(_mm256_loadu_si256(y as *const __m256i))
+}
+
+/// An f32 per half.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn halves(a: f32, b: f32) -> __m512 {
+    _mm512_insertf32x8::<1>(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b))
+}
+
+/// Q4_K's eight 6-bit scales and eight mins of one super-block, one per
+/// byte (ggml's `kmask` unpacking of the 12 packed bytes).
+#[inline]
+unsafe fn q4k_scales(x: *const u8) -> (i64, i64) {
+    let p = x.add(4) as *const u32;
+    let (a, b, c) = (
+        p.read_unaligned(),
+        p.add(1).read_unaligned(),
+        p.add(2).read_unaligned(),
+    );
+    let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc = (a & k1) as u64 | (((c & k2) | (((a >> 6) & k3) << 4)) as u64) << 32;
+    let m = (b & k1) as u64 | ((((c >> 4) & k2) | (((b >> 6) & k3) << 4)) as u64) << 32;
+    (sc as i64, m as i64)
+}
+
+#[inline]
+fn f16(p: *const u8) -> f32 {
+    // SAFETY: callers pass pointers to two readable bytes of a block.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// Rows `0..rows` (at `w`, `row_bytes` apart) of Q4_K against one Q8_K row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn matvec_q4k(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    act: *const u8,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut r = 0;
+    while r < rows {
+        let r1 = if r + 1 < rows { r + 1 } else { r };
+        let (a, b) = pair_q4k(w.add(r * row_bytes), w.add(r1 * row_bytes), act, nb);
+        *out.add(r) = a;
+        if r + 1 < rows {
+            *out.add(r + 1) = b;
+        }
+        r += 2;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_q4k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (f32, f32) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = _mm512_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (x0, x1) = (w0.add(i * kq::Q4K_BYTES), w1.add(i * kq::Q4K_BYTES));
+        let y = act.add(i * kq::Q8K_BYTES);
+        let yd = (y as *const f32).read_unaligned();
+        let ((sc0, m0), (sc1, m1)) = (q4k_scales(x0), q4k_scales(x1));
+        let packed = _mm_set_epi64x(sc1, sc0);
+        let mins = _mm_set_epi64x(m1, m0);
+        let sc16 = _mm256_cvtepu8_epi16(packed); // [sc0 x8 | sc1 x8] as i16
+        let scales = _mm512_shuffle_i64x2::<0b01_01_00_00>(
+            _mm512_castsi256_si512(sc16),
+            _mm512_castsi256_si512(sc16),
+        );
+        // Minimums: ggml's four lanes per row, m * (bsums pairs).
+        let bs = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
+        let q8s = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
+        let mins16 = _mm256_cvtepu8_epi16(mins);
+        let prod = _mm256_madd_epi16(mins16, _mm256_broadcastsi128_si256(q8s));
+        let dmin = _mm256_insertf128_ps::<1>(
+            _mm256_castps128_ps256(_mm_set1_ps(-yd * f16(x0.add(2)))),
+            _mm_set1_ps(-yd * f16(x1.add(2))),
+        );
+        acc_m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc_m);
+        let mut sumi = _mm512_setzero_si512();
+        for j in 0..4 {
+            let bits = pair32(x0.add(kq::Q4K_QS + 32 * j), x1.add(kq::Q4K_QS + 32 * j));
+            let lo = _mm512_and_si512(bits, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
+            let ylo = both32(y.add(kq::Q8K_QS + 64 * j));
+            let yhi = both32(y.add(kq::Q8K_QS + 64 * j + 32));
+            let sl = _mm512_shuffle_epi8(
+                scales,
+                _mm512_set1_epi16((0x0101 * (4 * j as i16)) + 0x0100),
+            );
+            let sh = _mm512_shuffle_epi8(
+                scales,
+                _mm512_set1_epi16((0x0101 * (4 * j as i16 + 2)) + 0x0100),
+            );
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, ylo), sl);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, yhi), sh);
+        }
+        let d = halves(yd * f16(x0), yd * f16(x1));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    let (a, b) = hsum_halves(acc);
+    let m = |v: __m128| {
+        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+    };
+    (
+        a + m(_mm256_castps256_ps128(acc_m)),
+        b + m(_mm256_extractf128_ps::<1>(acc_m)),
+    )
+}
+
+/// Rows `0..rows` of Q6_K against one Q8_K row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn matvec_q6k(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    act: *const u8,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut r = 0;
+    while r < rows {
+        let r1 = if r + 1 < rows { r + 1 } else { r };
+        let (a, b) = pair_q6k(w.add(r * row_bytes), w.add(r1 * row_bytes), act, nb);
+        *out.add(r) = a;
+        if r + 1 < rows {
+            *out.add(r + 1) = b;
+        }
+        r += 2;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (f32, f32) {
+    let (m4, m2, m32) = (
+        _mm512_set1_epi8(0x0f),
+        _mm512_set1_epi8(3),
+        _mm512_set1_epi8(32),
+    );
+    let mut acc = _mm512_setzero_ps();
+    for i in 0..nb {
+        let (x0, x1) = (w0.add(i * kq::Q6K_BYTES), w1.add(i * kq::Q6K_BYTES));
+        let y = act.add(i * kq::Q8K_BYTES);
+        let yd = (y as *const f32).read_unaligned();
+        // Row scales as i16: [row 0's 16 | row 0's 16 | row 1's | row 1's]
+        // (8 per 128-bit lane, shuffled per chunk below).
+        let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x0.add(kq::Q6K_SCALES) as *const __m128i));
+        let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x1.add(kq::Q6K_SCALES) as *const __m128i));
+        let mut sumi = _mm512_setzero_si512();
+        for h in 0..2 {
+            let ql0 = pair32(x0.add(64 * h), x1.add(64 * h));
+            let ql1 = pair32(x0.add(64 * h + 32), x1.add(64 * h + 32));
+            let qh = pair32(x0.add(kq::Q6K_QH + 32 * h), x1.add(kq::Q6K_QH + 32 * h));
+            let high = |v: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(v, m2));
+            let q = [
+                _mm512_or_si512(_mm512_and_si512(ql0, m4), high(qh)),
+                _mm512_or_si512(_mm512_and_si512(ql1, m4), high(_mm512_srli_epi16::<2>(qh))),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), m4),
+                    high(_mm512_srli_epi16::<4>(qh)),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), m4),
+                    high(_mm512_srli_epi16::<6>(qh)),
+                ),
+            ];
+            // Scales 8h..8h+8 of each row, two per 32-element chunk.
+            let (sr0, sr1) = if h == 0 {
+                (_mm256_castsi256_si128(s0), _mm256_castsi256_si128(s1))
+            } else {
+                (
+                    _mm256_extracti128_si256::<1>(s0),
+                    _mm256_extracti128_si256::<1>(s1),
+                )
+            };
+            let sc = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sr0)),
+                _mm256_broadcastsi128_si256(sr1),
+            );
+            for (k, qk) in q.iter().enumerate() {
+                let yk = both32(y.add(kq::Q8K_QS + 128 * h + 32 * k));
+                let p16 =
+                    _mm512_sub_epi16(_mm512_maddubs_epi16(*qk, yk), _mm512_maddubs_epi16(m32, yk));
+                // i16 lanes 0..7 of each half: scale 2k, lanes 8..15: 2k+1.
+                let e = (2 * k) as i8;
+                let lo = _mm_set_epi8(
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                    2 * e + 1,
+                    2 * e,
+                );
+                let hi = _mm_add_epi8(lo, _mm_set1_epi8(2));
+                let ctl = _mm512_broadcast_i32x4(lo);
+                let ctl = _mm512_mask_blend_epi64(0b1100_1100, ctl, _mm512_broadcast_i32x4(hi));
+                let scale = _mm512_shuffle_epi8(sc, ctl);
+                sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(scale, p16));
+            }
+        }
+        let d = halves(yd * f16(x0.add(kq::Q6K_D)), yd * f16(x1.add(kq::Q6K_D)));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    hsum_halves(acc)
+}
