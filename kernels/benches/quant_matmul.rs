@@ -149,10 +149,9 @@ impl Model {
                 let Ok(mut view) = OutColumns::new(out, self.n, m.rows) else {
                     continue;
                 };
-                for t in 0..threads - 1 {
-                    let cut = m.rows * (t + 1) / threads;
-                    let (left, right) = view.split_at(cut);
-                    parts[t].push((i, left));
+                for (t, part) in parts.iter_mut().enumerate().take(threads - 1) {
+                    let (left, right) = view.split_at(m.rows * (t + 1) / threads);
+                    part.push((i, left));
                     view = right;
                 }
                 parts[threads - 1].push((i, view));
@@ -397,7 +396,42 @@ fn hot() {
     }
 }
 
+/// Prefill of one 1536x576 Q4_1 matrix for 512 tokens on one thread, as
+/// one call or as calls of `chunk` rows (how the runtime splits work):
+/// shows the per-call cost of preparing the activations.
+fn chunks() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let (rows, k, n) = (1536, 576, 512);
+    let mat = matrix(&mut rng, DType::Q4_1, rows, k);
+    let act: Vec<u8> = (0..n)
+        .flat_map(|_| quantized(DType::Q8_1, &rng.row(k)))
+        .collect();
+    let mut out = vec![0f32; rows * n];
+    for chunk in [1536, 384, 128, 64, 36, 16] {
+        let d = best(5, || {
+            let Ok(mut view) = OutColumns::new(&mut out, n, rows) else {
+                return;
+            };
+            while !view.cols().is_empty() {
+                let start = view.cols().start;
+                let (mut part, rest) = view.split_at(start + chunk);
+                let _ = quant::matmul(DType::Q4_1, &mat.data, k, &act, n, &mut part);
+                view = rest;
+            }
+        });
+        let flops = 2.0 * (rows * k * n) as f64;
+        println!(
+            "q4_1 {rows}x{k} n={n}, calls of {chunk:>4} rows: {:.1} GFLOP/s",
+            flops / d.as_secs_f64() / 1e9
+        );
+    }
+}
+
 fn main() {
+    if std::env::var("QUANT_BENCH_CHUNKS").is_ok_and(|v| v == "1") {
+        chunks();
+        return;
+    }
     if std::env::var("QUANT_BENCH_HOT").is_ok_and(|v| v == "1") {
         hot();
         return;
