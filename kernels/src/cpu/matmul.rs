@@ -45,7 +45,12 @@ pub(super) unsafe fn matmul(x: &HostTensor, w: &HostTensor, out: &HostTensor, ro
             let v = if xt.dtype == DType::F32 {
                 super::simd::dot_f32(std::slice::from_raw_parts(xrow.as_ptr() as *const f32, k), &wf)
             } else {
-                weft_ops::quant::vec_dot_reference(wt.dtype, wrow, xt.dtype, xrow)?
+                match (wt.dtype, xt.dtype) {
+                    (DType::Q4_1, DType::Q8_1) => super::exact_dot::q4_1_q8_1(wrow, xrow),
+                    (DType::Q8_0, DType::Q8_0) => super::exact_dot::q8_0_q8_0(wrow, xrow),
+                    (DType::Q5_0, DType::Q8_0) => super::exact_dot::q5_0_q8_0(wrow, xrow),
+                    _ => weft_ops::quant::vec_dot_reference(wt.dtype, wrow, xt.dtype, xrow)?,
+                }
             };
             *o.add(t * m + r) = v;
         }

@@ -11,6 +11,7 @@
 mod argmax;
 mod attention;
 mod elementwise;
+pub mod exact_dot;
 mod matmul;
 mod norm;
 pub mod quant;

@@ -1,7 +1,8 @@
 //! Rotary embedding, computing angles exactly as llama.cpp's CPU backend
 //! does: `theta` starts at the position and is multiplied by
 //! `base^(-2/n_dims)` once per pair (not recomputed with `powf` per pair),
-//! then YaRN's ramp, then `cosf`/`sinf` in f32.
+//! then YaRN's ramp, then `cosf`/`sinf` in f32, and the rotation with the
+//! same fused multiply-adds the compiler makes of ggml's C.
 
 use super::HostTensor;
 use weft_ops::{RopeMode, RopeParams};
@@ -54,8 +55,10 @@ pub(super) unsafe fn rope(x: &HostTensor, positions: &HostTensor, out: &HostTens
                     RopeMode::Neox => (i, i + half),
                 };
                 let (x0, x1) = (src[a], src[b]);
-                *dst.add(a) = x0 * c - x1 * s;
-                *dst.add(b) = x0 * s + x1 * c;
+                // The contraction gcc makes of `x0*c - x1*s` and `x0*s + x1*c`
+                // in ggml's rope: the first product is fused.
+                *dst.add(a) = x0.mul_add(c, -(x1 * s));
+                *dst.add(b) = x0.mul_add(s, x1 * c);
             }
             for d in p.n_dims..p.head_dim {
                 *dst.add(d) = src[d];

@@ -74,9 +74,27 @@ pub fn mad_f16(y: &mut [f16], x: &[f16], s: f32) {
     }
 }
 
-/// `out = silu(gate) * up`, with silu(x) = x / (1 + exp(-x)).
+/// `out = silu(gate) * up`, with silu(x) = x / (1 + exp(-x)) and exp as
+/// ggml's AVX-512 `ggml_v_expf` computes it, so results match llama.cpp.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + (-g).exp()) * u;
+        *o = g / (1.0 + v_expf(0.0 - g)) * u;
     }
+}
+
+/// ggml's AVX-512 `ggml_v_expf` for one lane: a degree-5 polynomial on the
+/// reduced argument and an exact scaling by `2^n` (max error ~1.5 ulp).
+pub fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), (-n).mul_add(f32::from_bits(0x3f31_7200), x));
+    let u = b * b;
+    let p = f32::from_bits(0x3c07_2010).mul_add(b, f32::from_bits(0x3d2b_9f17));
+    let q = f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb));
+    let j = p.mul_add(u, q).mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    (j as f64 * (n as f64).exp2()) as f32
 }

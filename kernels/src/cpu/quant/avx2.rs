@@ -10,7 +10,6 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::formats::{act_bytes, act_qs, kq, Block32, Kind};
-use super::scalar;
 use core::arch::x86_64::*;
 
 /// `hsum_float_8`.
@@ -284,10 +283,4 @@ pub(crate) unsafe fn dot_f16(w: *const u8, a: *const u8, n: usize) -> f32 {
         sumf += (f16_at(w.add(2 * i)) * f16_at(a.add(2 * i))) as f64;
     }
     sumf as f32
-}
-
-/// BF16 has no AVX2 instruction with `vdpbf16ps`'s rounding; use the
-/// scalar emulation (same results).
-pub(crate) fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    scalar::dot_bf16(w, a, n)
 }

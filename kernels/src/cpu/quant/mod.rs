@@ -27,12 +27,14 @@
 //! `scalar.rs` (the specification and fallback), `avx2.rs`,
 //! `avx512_b32.rs` (32-element formats: decode matvec and prefill gemm),
 //! `avx512_kq.rs` / `avx512_kq_mv.rs` (Q4_K, Q6_K prefill / decode),
+//! `avx512_float.rs` (F32, F16, BF16),
 //! `activation.rs` (quantizers),
 //! `matmul.rs` (the driver and output views).
 
 mod activation;
 mod avx2;
 mod avx512_b32;
+mod avx512_float;
 mod avx512_kq;
 mod avx512_kq_mv;
 mod formats;
@@ -237,16 +239,20 @@ unsafe fn dot_raw(isa: Isa, wdtype: DType, w: *const u8, a: *const u8, k: usize)
     let wrow = std::slice::from_raw_parts(w, wdtype.row_bytes(k).unwrap_or(0));
     let arow = std::slice::from_raw_parts(a, vec_dot_type(wdtype).row_bytes(k).unwrap_or(0));
     let simd = isa != Isa::Scalar;
+    let wide = isa == Isa::Avx512;
     match wdtype {
         DType::Q4_K if simd => avx2::dot_q4k(w, a, k / 256),
         DType::Q4_K => scalar::dot_q4k(wrow, arow, k / 256),
         DType::Q6_K if simd => avx2::dot_q6k(w, a, k / 256),
         DType::Q6_K => scalar::dot_q6k(wrow, arow, k / 256),
+        DType::F32 if wide => avx512_float::dot_f32(w, a, k),
         DType::F32 if simd => avx2::dot_f32(w, a, k),
         DType::F32 => scalar::dot_f32(wrow, arow, k),
+        DType::F16 if wide => avx512_float::dot_f16(w, a, k),
         DType::F16 if simd => avx2::dot_f16(w, a, k),
         DType::F16 => scalar::dot_f16(wrow, arow, k),
-        DType::BF16 => avx2::dot_bf16(wrow, arow, k),
+        DType::BF16 if wide => avx512_float::dot_bf16(w, a, k),
+        DType::BF16 => scalar::dot_bf16(wrow, arow, k),
         // `matmul::dispatch` sends only the formats above here.
         _ => f32::NAN,
     }
