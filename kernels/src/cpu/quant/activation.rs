@@ -180,7 +180,10 @@ pub(crate) unsafe fn q8k_blocks_avx2(src: &[f32], dst: &mut [u8]) {
         let target = _mm256_set1_ps(amax);
         let mut max = amax;
         for (i, vi) in v.iter().enumerate() {
-            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, *vi), target));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                _mm256_andnot_ps(sign, *vi),
+                target,
+            ));
             if hit != 0 {
                 max = x[8 * i + hit.trailing_zeros() as usize];
                 break;
@@ -192,18 +195,24 @@ pub(crate) unsafe fn q8k_blocks_avx2(src: &[f32], dst: &mut [u8]) {
         y[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
         for j in 0..16 {
             let q: [__m256i; 2] = core::array::from_fn(|h| {
-                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[2 * j + h], is));
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm256_mul_ps(v[2 * j + h], is),
+                );
                 _mm256_min_epi32(_mm256_cvtps_epi32(r), top)
             });
             let s = _mm256_add_epi32(q[0], q[1]);
             let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
             let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2))) as i16;
+            let sum =
+                _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2))) as i16;
             y[260 + 2 * j..262 + 2 * j].copy_from_slice(&sum.to_le_bytes());
             let p16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
             let p8 = _mm256_packs_epi16(p16, p16);
             let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(p8);
-            _mm_storeu_si128(y.as_mut_ptr().add(4 + 16 * j) as *mut __m128i, _mm256_castsi256_si128(bytes));
+            _mm_storeu_si128(
+                y.as_mut_ptr().add(4 + 16 * j) as *mut __m128i,
+                _mm256_castsi256_si128(bytes),
+            );
         }
     }
 }

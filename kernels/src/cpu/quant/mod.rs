@@ -111,6 +111,10 @@ pub fn quantize_activations_with(
             unsafe { activation::q8k_blocks_avx512(src, dst) };
             Ok(())
         }
+        (Isa::Avx2, DType::Q8_K) => {
+            unsafe { activation::q8k_blocks_avx2(src, dst) };
+            Ok(())
+        }
         (_, DType::F16) => {
             unsafe { activation::f16_avx2(src, dst) };
             Ok(())
