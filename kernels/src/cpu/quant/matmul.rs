@@ -8,7 +8,7 @@
 //!   path (same numerics), weight row outer so it stays in L1.
 
 use super::formats::{self, Block32};
-use super::{avx2, avx512_b32, avx512_kq, scalar, Isa};
+use super::{avx2, avx512_b32, avx512_kq, float_gemm, scalar, Isa};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -244,6 +244,12 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
         DType::Q5_1 => block32::<formats::Q5_1>(isa, c),
         DType::Q8_0 => block32::<formats::Q8_0>(isa, c),
         DType::Q4_K | DType::Q6_K if isa == Isa::Avx512 => avx512_kq::matmul(wdtype, c),
+        DType::F32 | DType::F16 | DType::BF16
+            if float_gemm::applies(wdtype, c.k, c.stride, c.n) =>
+        {
+            float_gemm::matmul(isa, wdtype, c);
+            Ok(())
+        }
         DType::Q4_K | DType::Q6_K | DType::F32 | DType::F16 | DType::BF16 => {
             rowwise(c, |w, a| super::dot_raw(isa, wdtype, w, a, c.k));
             Ok(())

@@ -27,7 +27,8 @@
 //! `scalar.rs` (the specification and fallback), `avx2.rs`,
 //! `avx512_b32.rs` (32-element formats: decode matvec and prefill gemm),
 //! `avx512_kq.rs` / `avx512_kq_mv.rs` (Q4_K, Q6_K prefill / decode),
-//! `avx512_float.rs` (F32, F16, BF16),
+//! `avx512_float.rs` (F32, F16, BF16 decode), `float_gemm.rs` (their
+//! prefill, in ggml's tinyBLAS order),
 //! `activation.rs` (quantizers),
 //! `matmul.rs` (the driver and output views).
 
@@ -37,6 +38,7 @@ mod avx512_b32;
 mod avx512_float;
 mod avx512_kq;
 mod avx512_kq_mv;
+mod float_gemm;
 mod formats;
 mod isa;
 mod matmul;
@@ -155,7 +157,9 @@ pub fn vec_dot_with(isa: Isa, wdtype: DType, w_row: &[u8], act_row: &[u8]) -> Re
 /// `out[t * stride + r] = w_row(r) . act_row(t)` for `r` in `out.cols()`
 /// and `t` in `0..n`: `w` holds the weight matrix (rows of `k` elements in
 /// GGUF layout, row `r` at `r * row_bytes`), `act` holds `n` rows of `k`
-/// activations in `vec_dot_type(wdtype)` format.
+/// activations in `vec_dot_type(wdtype)` format. The output's row stride
+/// is taken to be the weight's row count (it decides, as in ggml, whether
+/// float weights take the tinyBLAS order for `n >= 2`).
 pub fn matmul(
     wdtype: DType,
     w: &[u8],
