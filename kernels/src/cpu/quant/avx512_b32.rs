@@ -269,13 +269,99 @@ pub(crate) const TILE_TOKENS: usize = 8;
 /// Weight rows unpacked into one panel (a multiple of `PANEL_ROWS`).
 pub(crate) const GEMM_PANEL_ROWS: usize = 16;
 
-/// Scratch the prefill driver needs, in bytes: panels, prepared token
-/// blocks, and the activation sums of every token tile.
-pub(crate) fn gemm_scratch_bytes(n: usize, nb: usize) -> (usize, usize, usize) {
+/// Activation-side values of one prefill call, structure of arrays:
+/// scales `d[b * npad + t]` and sums `s[b * npad + t]` (f32, zero past `n`),
+/// offset start values `init[t * nb + b]` (lo lanes, then hi lanes).
+struct TokSide {
+    d: *mut f32,
+    s: *mut f32,
+    init: *mut [i32; 8],
+    npad: usize,
+    nb: usize,
+}
+
+/// Scratch the prefill driver needs, in bytes: panels, then the
+/// activation-side arrays.
+pub(crate) fn gemm_scratch_bytes(n: usize, nb: usize) -> usize {
     let panel = GEMM_PANEL_ROWS / PANEL_ROWS * nb * size_of::<PanelBlock>();
-    let tok = n * nb * size_of::<TokBlock>();
-    let sums = n.div_ceil(TILE_TOKENS) * nb * size_of::<[f32; TILE_TOKENS]>();
-    (panel, tok, sums)
+    let npad = n.next_multiple_of(16);
+    panel + 2 * nb * npad * size_of::<f32>() + n * nb * size_of::<[i32; 8]>()
+}
+
+impl TokSide {
+    unsafe fn carve(scratch: *mut u8, n: usize, nb: usize) -> TokSide {
+        let panel = GEMM_PANEL_ROWS / PANEL_ROWS * nb * size_of::<PanelBlock>();
+        let npad = n.next_multiple_of(16);
+        let d = scratch.add(panel) as *mut f32;
+        let s = d.add(nb * npad);
+        let init = s.add(nb * npad) as *mut [i32; 8];
+        TokSide {
+            d,
+            s,
+            init,
+            npad,
+            nb,
+        }
+    }
+
+    /// Fills the arrays from `n` activation rows: the scales and sums of 16
+    /// tokens per gather, the offset sums per token.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn fill<F: Block32>(&self, act: *const u8, act_row: usize, n: usize) {
+        let ab = act_bytes(F::HAS_MIN);
+        let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+        let gatherable = n * act_row <= i32::MAX as usize;
+        for b in 0..self.nb {
+            let (drow, srow) = (self.d.add(b * self.npad), self.s.add(b * self.npad));
+            for t0 in (0..self.npad).step_by(16) {
+                let idx: [i32; 16] =
+                    core::array::from_fn(|i| ((t0 + i).min(n - 1) * act_row + b * ab) as i32);
+                let dm = if gatherable {
+                    _mm512_i32gather_epi32::<1>(
+                        _mm512_loadu_si512(idx.as_ptr() as *const __m512i),
+                        act as *const i32,
+                    )
+                } else {
+                    let v: [i32; 16] = core::array::from_fn(|i| {
+                        (act.add(idx[i] as u32 as usize) as *const i32).read_unaligned()
+                    });
+                    _mm512_loadu_si512(v.as_ptr() as *const __m512i)
+                };
+                let a = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
+                let c = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(dm));
+                let live = if n - t0.min(n) >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << (n - t0.min(n))) - 1
+                };
+                _mm512_storeu_ps(
+                    drow.add(t0),
+                    _mm512_maskz_mov_ps(live, _mm512_permutex2var_ps(a, evens, c)),
+                );
+                _mm512_storeu_ps(
+                    srow.add(t0),
+                    _mm512_maskz_mov_ps(live, _mm512_permutex2var_ps(a, odds, c)),
+                );
+            }
+        }
+        if F::OFFSET != 0 {
+            for t in 0..n {
+                for b in 0..self.nb {
+                    let qy = act.add(t * act_row + b * ab + act_qs(F::HAS_MIN));
+                    let a_lo = _mm512_castsi128_si512(_mm_loadu_si128(qy as *const __m128i));
+                    let a_hi =
+                        _mm512_castsi128_si512(_mm_loadu_si128(qy.add(16) as *const __m128i));
+                    let (lo, hi) = offset_init::<F>(a_lo, a_hi);
+                    let both = _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(_mm512_castsi512_si128(lo)),
+                        _mm512_castsi512_si128(hi),
+                    );
+                    _mm256_storeu_si256(self.init.add(t * self.nb + b) as *mut __m256i, both);
+                }
+            }
+        }
+    }
 }
 
 /// Unpacks `valid` (1..=4) rows into `panel[0..nb]`.
@@ -334,18 +420,16 @@ pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: 
     }
 }
 
-/// One register tile: the four rows of `panel` against `T` tokens.
-/// `acts[t]` / `toks[t]` are token `t`'s activation row and prepared
-/// blocks, `sums[b]` the tile's activation sums of block `b` (formats with
-/// minimums); `out[t]` points at the output of the panel's first row for
-/// token `t` (four consecutive floats, `valid` of them written).
+/// One register tile: the four rows of `panel` against `T` tokens from
+/// token `t0`. `acts[t]` is token `t0 + t`'s activation row; `out[t]`
+/// points at the output of the panel's first row for that token (four
+/// consecutive floats, `valid` of them written).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn tile<F: Block32, const T: usize>(
+unsafe fn tile<F: Block32, const T: usize>(
     panel: *const PanelBlock,
-    nb: usize,
+    side: &TokSide,
+    t0: usize,
     acts: &[*const u8; T],
-    toks: &[*const TokBlock; T],
-    sums: *const [f32; TILE_TOKENS],
     out: &[*mut f32; T],
     valid: usize,
 ) {
@@ -354,58 +438,45 @@ pub(crate) unsafe fn tile<F: Block32, const T: usize>(
     let (mut lo, mut hi) = ([z; T], [z; T]);
     // m*s chains: lane (r, t) of rows 0-1 / rows 2-3 (eight tokens each).
     let (mut ms01, mut ms23) = (z, z);
-    for b in 0..nb {
+    for b in 0..side.nb {
         let pb = &*panel.add(b);
         let wl = _mm512_loadu_si512(pb.lo.as_ptr() as *const __m512i);
         let wh = _mm512_loadu_si512(pb.hi.as_ptr() as *const __m512i);
         let d = _mm512_loadu_ps(pb.d.as_ptr());
+        let dys = side.d.add(b * side.npad + t0);
         for t in 0..T {
             let y = acts[t].add(b * ab + aq);
-            let tb = &*toks[t].add(b);
             let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
             let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
-            let (i_lo, i_hi) = prepared_init::<F>(tb);
-            let p = _mm512_mul_ps(d, _mm512_set1_ps(tb.dy));
-            lo[t] = _mm512_fmadd_ps(
-                p,
-                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(i_lo, wl, a_lo)),
-                lo[t],
-            );
-            hi[t] = _mm512_fmadd_ps(
-                p,
-                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(i_hi, wh, a_hi)),
-                hi[t],
-            );
+            let (i_lo, i_hi) = if F::OFFSET == 0 {
+                (_mm512_setzero_si512(), _mm512_setzero_si512())
+            } else {
+                let init = side.init.add((t0 + t) * side.nb + b) as *const i32;
+                (
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(init as *const __m128i)),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(init.add(4) as *const __m128i)),
+                )
+            };
+            let p = _mm512_mul_ps(d, _mm512_set1_ps(*dys.add(t)));
+            let lanes = |init, codes, a| _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, codes, a));
+            lo[t] = _mm512_fmadd_ps(p, lanes(i_lo, wl, a_lo), lo[t]);
+            hi[t] = _mm512_fmadd_ps(p, lanes(i_hi, wh, a_hi), hi[t]);
         }
         if F::HAS_MIN {
-            let s = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
-                sums.add(b) as *const f64
-            )));
+            let sums = side.s.add(b * side.npad + t0) as *const f64;
+            let s = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(sums)));
             ms01 = _mm512_fmadd_ps(_mm512_loadu_ps(pb.m.as_ptr()), s, ms01);
             ms23 = _mm512_fmadd_ps(_mm512_loadu_ps(pb.m.as_ptr().add(16)), s, ms23);
         }
     }
     // Lane 4t + r of tokens 0-3 / 4-7 from the chains (lane 8r + t).
-    let tr = |t: i32| {
-        _mm512_setr_epi32(
-            t,
-            8 + t,
-            16 + t,
-            24 + t,
-            t + 1,
-            9 + t,
-            17 + t,
-            25 + t,
-            t + 2,
-            10 + t,
-            18 + t,
-            26 + t,
-            t + 3,
-            11 + t,
-            19 + t,
-            27 + t,
-        )
-    };
+    #[rustfmt::skip]
+    let tr = |t: i32| _mm512_setr_epi32(
+        t, 8 + t, 16 + t, 24 + t,
+        t + 1, 9 + t, 17 + t, 25 + t,
+        t + 2, 10 + t, 18 + t, 26 + t,
+        t + 3, 11 + t, 19 + t, 27 + t,
+    );
     let summs = [
         _mm512_permutex2var_ps(ms01, tr(0), ms23),
         _mm512_permutex2var_ps(ms01, tr(4), ms23),
@@ -460,25 +531,9 @@ pub(crate) unsafe fn gemm<F: Block32>(
     out_stride: usize,
     scratch: *mut u8,
 ) {
-    let (panel_bytes, tok_bytes, _) = gemm_scratch_bytes(n, nb);
     let panel = scratch as *mut PanelBlock;
-    let tok = scratch.add(panel_bytes) as *mut TokBlock;
-    let sums = scratch.add(panel_bytes + tok_bytes) as *mut [f32; TILE_TOKENS];
-    for t in 0..n {
-        prepare_tokens::<F>(act.add(t * act_row_bytes), nb, tok.add(t * nb));
-    }
-    for (tile, t0) in (0..n).step_by(TILE_TOKENS).enumerate() {
-        for b in 0..nb {
-            let s = &mut *sums.add(tile * nb + b);
-            for (i, v) in s.iter_mut().enumerate() {
-                *v = if t0 + i < n {
-                    (*tok.add((t0 + i) * nb + b)).s
-                } else {
-                    0.0
-                };
-            }
-        }
-    }
+    let side = TokSide::carve(scratch, n, nb);
+    side.fill::<F>(act, act_row_bytes, n);
     let mut r0 = 0;
     while r0 < rows {
         let groups = (rows - r0).min(GEMM_PANEL_ROWS).div_ceil(PANEL_ROWS);
@@ -492,17 +547,16 @@ pub(crate) unsafe fn gemm<F: Block32>(
                 panel.add(g * nb),
             );
         }
-        for (tile, t0) in (0..n).step_by(TILE_TOKENS).enumerate() {
+        for t0 in (0..n).step_by(TILE_TOKENS) {
             for g in 0..groups {
                 let gr = r0 + g * PANEL_ROWS;
                 let job = TileJob {
                     panel: panel.add(g * nb),
-                    nb,
-                    act: act.add(t0 * act_row_bytes),
+                    side: &side,
+                    t0,
+                    act,
                     act_row_bytes,
-                    tok: tok.add(t0 * nb),
-                    sums: sums.add(tile * nb),
-                    out: out.add(t0 * out_stride + gr),
+                    out: out.add(gr),
                     out_stride,
                     valid: (rows - gr).min(PANEL_ROWS),
                 };
@@ -513,33 +567,28 @@ pub(crate) unsafe fn gemm<F: Block32>(
     }
 }
 
-/// One register tile's operands (token 0 of the tile first).
-struct TileJob {
+/// One register tile's operands.
+struct TileJob<'a> {
     panel: *const PanelBlock,
-    nb: usize,
+    side: &'a TokSide,
+    t0: usize,
     act: *const u8,
     act_row_bytes: usize,
-    tok: *const TokBlock,
-    sums: *const [f32; TILE_TOKENS],
     out: *mut f32,
     out_stride: usize,
     valid: usize,
 }
 
-impl TileJob {
+impl TileJob<'_> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn run<F: Block32>(&self, tokens: usize) {
         macro_rules! go {
             ($t:literal) => {{
                 let acts: [*const u8; $t] =
-                    core::array::from_fn(|i| self.act.add(i * self.act_row_bytes));
-                let toks: [*const TokBlock; $t] =
-                    core::array::from_fn(|i| self.tok.add(i * self.nb));
+                    core::array::from_fn(|i| self.act.add((self.t0 + i) * self.act_row_bytes));
                 let outs: [*mut f32; $t] =
-                    core::array::from_fn(|i| self.out.add(i * self.out_stride));
-                tile::<F, $t>(
-                    self.panel, self.nb, &acts, &toks, self.sums, &outs, self.valid,
-                )
+                    core::array::from_fn(|i| self.out.add((self.t0 + i) * self.out_stride));
+                tile::<F, $t>(self.panel, self.side, self.t0, &acts, &outs, self.valid)
             }};
         }
         match tokens {

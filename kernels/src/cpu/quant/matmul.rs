@@ -289,23 +289,20 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
                 s as *mut avx512_b32::TokBlock,
             )
         }),
-        Isa::Avx512 => {
-            let (panel, tok, sums) = avx512_b32::gemm_scratch_bytes(c.n, nb);
-            with_scratch(panel + tok + sums, |s| {
-                avx512_b32::gemm::<F>(
-                    c.w,
-                    c.row_bytes,
-                    c.rows,
-                    c.act,
-                    c.act_row,
-                    c.n,
-                    nb,
-                    c.out,
-                    c.stride,
-                    s,
-                )
-            })
-        }
+        Isa::Avx512 => with_scratch(avx512_b32::gemm_scratch_bytes(c.n, nb), |s| {
+            avx512_b32::gemm::<F>(
+                c.w,
+                c.row_bytes,
+                c.rows,
+                c.act,
+                c.act_row,
+                c.n,
+                nb,
+                c.out,
+                c.stride,
+                s,
+            )
+        }),
         Isa::Avx2 => rowwise(c, |w, a| avx2::dot_block32::<F>(w, a, nb)),
         Isa::Scalar => rowwise(c, |w, a| {
             let ws = std::slice::from_raw_parts(w, c.row_bytes);
