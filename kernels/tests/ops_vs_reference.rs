@@ -165,6 +165,7 @@ fn attention_matches_reference() {
                 window,
                 ring,
                 softcap: 0.0,
+                kv_capacity: 0,
             };
             // f16 caches: the kernel rounds q and its running output to f16
             // like llama.cpp (~1e-3 relative per step); f32: summation order.

@@ -77,6 +77,10 @@ pub struct AttentionParams {
     pub ring: Option<u32>,
     /// Logit soft-capping `c * tanh(s / c)` (0: off).
     pub softcap: f32,
+    /// Rows of the whole cache behind the view (0: the view's rows). Only
+    /// used to mirror llama.cpp's kernel choice, which depends on its padded
+    /// cache view; results are the same maths either way.
+    pub kv_capacity: u32,
 }
 
 /// One op with its parameters.

@@ -1,23 +1,41 @@
-//! Attention, computed the way llama.cpp's CPU flash-attention kernel does,
-//! so weft's logits track llama.cpp's closely:
+//! Attention, computed the way llama.cpp's CPU flash-attention kernels do,
+//! so weft's logits track llama.cpp's bit for bit. llama.cpp picks one of
+//! three kernels and weft mirrors the choice:
 //!
-//! - with an f16 cache, the query row is rounded to f16 and each score is an
-//!   f16 x f16 dot product summed in f32 in the same lane order as ggml's
-//!   AVX-512 `vec_dot_f16` (four 16-lane accumulators, then a tree);
-//! - scores are scaled, optionally soft-capped, and masked positions skipped;
-//! - one pass of online softmax over the cache in slot order, `expf` for the
-//!   rescaling factors; with an f16 value cache the running output is kept
-//!   in f16 (rounded after every update), as ggml does;
-//! - the output is divided by the softmax sum at the end.
+//! - **one chunk** (fewer than 64 query rows in the ubatch): the query row
+//!   is rounded to f16 (for an f16 cache), each score is an f16 x f16 dot
+//!   product in ggml's AVX-512 lane order, and the online softmax keeps the
+//!   running output in f16, rounded after every key;
+//! - **tiled** (64 or more query rows): f32 queries, keys in tiles of 64, each
+//!   score an in-order chain of fused multiply-adds, `ggml_v_expf` for the
+//!   probabilities, an f32 output accumulated tile by tile;
+//! - **split KV** (one query row and a padded cache view of 512 or more
+//!   cells): the one-chunk kernel over two halves of the cache (llama.cpp's
+//!   reference ran 2 threads), merged.
+//!
+//! Sliding windows and rings are masks: a cell is skipped unless it holds a
+//! position the query may see.
 
+use super::simd::{dot_f16, mad_f16, reduce16, scale_f16, v_expf};
 use super::{HostTensor, WorkSplit};
 use half::f16;
 use std::ops::Range;
 use weft_ops::{AttentionParams, DType, OpError};
 
+/// llama.cpp's query and key tile (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`).
+const TILE: usize = 64;
+/// llama.cpp's default micro-batch: the tiled kernel applies per ubatch.
+const UBATCH: usize = 512;
+/// Threads of the llama.cpp run weft's split-KV decode mirrors.
+const SPLIT_THREADS: usize = 2;
+/// llama.cpp pads the cache view to multiples of this (and at least this).
+const KV_PAD: usize = 256;
+
+/// Units are `(row block of 64, head)` pairs: the tiled kernel shares each
+/// converted key tile across the rows of a block.
 pub(super) fn split(q_rows: usize, p: &AttentionParams, threads: usize) -> WorkSplit {
-    let total = q_rows * p.heads;
-    WorkSplit::new(total, total.div_ceil(threads * 8).max(1))
+    let total = q_rows.div_ceil(TILE) * p.heads;
+    WorkSplit::new(total, total.div_ceil(threads * 4).max(1))
 }
 
 /// Position held by cache slot `slot` once positions `0..end` are written.
@@ -31,90 +49,261 @@ fn slot_position(slot: usize, end: usize, ring: Option<u32>) -> Option<usize> {
     }
 }
 
-/// Units are `(query row, head)` pairs, row-major.
-///
+/// Geometry shared by the kernels.
+struct Ctx<'a> {
+    p: &'a AttentionParams,
+    k: &'a HostTensor,
+    v: &'a HostTensor,
+    /// Positions written (visible to the last query).
+    end: usize,
+    /// Cache slots to scan.
+    cells: usize,
+    kv_stride: usize,
+}
+
+impl Ctx<'_> {
+    fn visible(&self, slot: usize, pos: usize) -> bool {
+        match slot_position(slot, self.end, self.p.ring) {
+            Some(c) => c <= pos && self.p.window.is_none_or(|w| pos - c < w as usize),
+            None => false,
+        }
+    }
+
+    /// Key (or value) row of `slot` for kv head `kvh`, as f32.
+    unsafe fn row_f32(&self, t: &HostTensor, slot: usize, kvh: usize, out: &mut [f32]) {
+        let offset = slot * self.kv_stride + kvh * self.p.head_dim;
+        let d = self.p.head_dim;
+        if t.tensor.dtype == DType::F16 {
+            let src = std::slice::from_raw_parts((t.ptr as *const f16).add(offset), d);
+            half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, out);
+        } else {
+            out.copy_from_slice(std::slice::from_raw_parts((t.ptr as *const f32).add(offset), d));
+        }
+    }
+
+    unsafe fn row_f16<'b>(&self, t: &HostTensor, slot: usize, kvh: usize) -> &'b [f16] {
+        let offset = slot * self.kv_stride + kvh * self.p.head_dim;
+        std::slice::from_raw_parts((t.ptr as *const f16).add(offset), self.p.head_dim)
+    }
+
+    /// Score scale and soft-cap as ggml applies them (scale pre-divided by the cap).
+    fn scaled(&self, s: f32) -> f32 {
+        if self.p.softcap != 0.0 {
+            self.p.softcap * (s * (self.p.scale / self.p.softcap)).tanh()
+        } else {
+            s * self.p.scale
+        }
+    }
+}
+
+/// Running state of one query row: max, sum and unnormalised output.
+struct Partial {
+    m: f32,
+    s: f32,
+    out: Vec<f32>,
+}
+
 /// # Safety
 /// See [`super::run_item`].
 pub(super) unsafe fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, out: &HostTensor, p: &AttentionParams, units: Range<usize>) -> Result<(), OpError> {
-    let d = p.head_dim;
-    let group = p.heads / p.kv_heads;
+    let n = q.tensor.rows();
+    let end = p.q_position as usize + n;
+    let cells = match p.ring {
+        Some(r) => (r as usize).min(k.tensor.rows()),
+        None => end.min(k.tensor.rows()),
+    };
+    let ctx = Ctx {
+        p,
+        k,
+        v,
+        end,
+        cells,
+        kv_stride: k.tensor.cols(),
+    };
+    let padded = end.div_ceil(KV_PAD).max(1) * KV_PAD;
+    let capacity = if p.kv_capacity > 0 { p.kv_capacity as usize } else { k.tensor.rows() };
+    let n_kv = padded.min(capacity);
     let qv = q.f32s();
     let o = out.ptr as *mut f32;
-    let end = p.q_position as usize + q.tensor.rows();
-    let kv_rows = k.tensor.rows();
-    let kv_stride = k.tensor.cols();
-    let mut qh16 = vec![f16::ZERO; d];
-    let mut qh32 = vec![0f32; d];
-    let mut acc16 = vec![f16::ZERO; d];
-    let mut acc32 = vec![0f32; d];
-    let mut krow = vec![0f32; d];
+    let d = p.head_dim;
     for unit in units {
-        let (t, h) = (unit / p.heads, unit % p.heads);
-        let kvh = h / group;
-        let pos = p.q_position as usize + t;
-        let qrow = &qv[t * q.tensor.cols() + h * d..][..d];
-        let half_cache = k.tensor.dtype == DType::F16;
-        if half_cache {
-            for (dst, src) in qh16.iter_mut().zip(qrow) {
-                *dst = f16::from_f32(*src);
-            }
+        let (block, h) = (unit / p.heads, unit % p.heads);
+        let rows = block * TILE..((block + 1) * TILE).min(n);
+        let ubatch_start = rows.start / UBATCH * UBATCH;
+        let ubatch_rows = (n - ubatch_start).min(UBATCH);
+        let qrow = |t: usize| &qv[t * q.tensor.cols() + h * d..][..d];
+        let results: Vec<Vec<f32>> = if n == 1 && n_kv >= 512 {
+            vec![split_kv(&ctx, qrow(0), h, n_kv)]
+        } else if ubatch_rows >= TILE {
+            tiled(&ctx, rows.clone(), &qrow, h)
         } else {
-            qh32.copy_from_slice(qrow);
-        }
-        let v_half = v.tensor.dtype == DType::F16;
-        acc16.fill(f16::ZERO);
-        acc32.fill(0.0);
-        let (mut m, mut s_sum) = (f32::NEG_INFINITY, 0f32);
-        for slot in 0..kv_rows {
-            let Some(c) = slot_position(slot, end, p.ring) else { continue };
-            if c > pos || p.window.is_some_and(|w| pos - c >= w as usize) {
-                continue;
-            }
-            let offset = slot * kv_stride + kvh * d;
-            let mut s = if half_cache {
-                let kh = std::slice::from_raw_parts((k.ptr as *const f16).add(offset), d);
-                super::simd::dot_f16(&qh16, kh)
-            } else {
-                let kf = std::slice::from_raw_parts((k.ptr as *const f32).add(offset), d);
-                krow.copy_from_slice(kf);
-                super::simd::dot_f32(&qh32, &krow)
-            };
-            s *= p.scale;
-            if p.softcap != 0.0 {
-                s = p.softcap * (s / p.softcap).tanh();
-            }
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if s > m {
-                let old = m;
-                m = s;
-                ms = (old - m).exp();
-                if v_half {
-                    super::simd::scale_f16(&mut acc16, ms);
-                } else {
-                    acc32.iter_mut().for_each(|a| *a *= ms);
-                }
-            } else {
-                vs = (s - m).exp();
-            }
-            if v_half {
-                let vh = std::slice::from_raw_parts((v.ptr as *const f16).add(offset), d);
-                super::simd::mad_f16(&mut acc16, vh, vs);
-            } else {
-                let vf = std::slice::from_raw_parts((v.ptr as *const f32).add(offset), d);
-                acc32.iter_mut().zip(vf).for_each(|(a, x)| *a = x.mul_add(vs, *a));
-            }
-            s_sum = s_sum.mul_add(ms, vs);
-        }
-        if v_half {
-            for (a, h16) in acc32.iter_mut().zip(&acc16) {
-                *a = h16.to_f32();
-            }
-        }
-        let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
-        let dst = o.add(t * out.tensor.cols() + h * d);
-        for (i, a) in acc32.iter().enumerate() {
-            *dst.add(i) = a * inv;
+            rows.clone()
+                .map(|t| {
+                    let part = one_chunk(&ctx, qrow(t), h, p.q_position as usize + t, 0..ctx.cells);
+                    normalise(part)
+                })
+                .collect()
+        };
+        for (t, values) in rows.zip(results) {
+            let dst = o.add(t * out.tensor.cols() + h * d);
+            std::ptr::copy_nonoverlapping(values.as_ptr(), dst, d);
         }
     }
     Ok(())
+}
+
+/// `out / s` (zero when nothing was visible).
+fn normalise(mut part: Partial) -> Vec<f32> {
+    let inv = if part.s == 0.0 { 0.0 } else { 1.0 / part.s };
+    part.out.iter_mut().for_each(|x| *x *= inv);
+    part.out
+}
+
+/// llama.cpp's one-chunk kernel over `cells` for the query at `pos`.
+unsafe fn one_chunk(ctx: &Ctx<'_>, qrow: &[f32], h: usize, pos: usize, cells: Range<usize>) -> Partial {
+    let p = ctx.p;
+    let d = p.head_dim;
+    let kvh = h / (p.heads / p.kv_heads);
+    let half_k = ctx.k.tensor.dtype == DType::F16;
+    let half_v = ctx.v.tensor.dtype == DType::F16;
+    let q16: Vec<f16> = qrow.iter().map(|x| f16::from_f32(*x)).collect();
+    let mut acc16 = vec![f16::ZERO; d];
+    let mut acc32 = vec![0f32; d];
+    let mut row = vec![0f32; d];
+    let (mut m, mut s_sum) = (f32::NEG_INFINITY, 0f32);
+    for slot in cells {
+        if !ctx.visible(slot, pos) {
+            continue;
+        }
+        let raw = if half_k {
+            dot_f16(ctx.row_f16(ctx.k, slot, kvh), &q16)
+        } else {
+            ctx.row_f32(ctx.k, slot, kvh, &mut row);
+            super::simd::dot_f32(&row, qrow)
+        };
+        let s = ctx.scaled(raw);
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            ms = (m - s).exp();
+            m = s;
+            if half_v {
+                scale_f16(&mut acc16, ms);
+            } else {
+                acc32.iter_mut().for_each(|a| *a *= ms);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        if half_v {
+            mad_f16(&mut acc16, ctx.row_f16(ctx.v, slot, kvh), vs);
+        } else {
+            ctx.row_f32(ctx.v, slot, kvh, &mut row);
+            acc32.iter_mut().zip(&row).for_each(|(a, x)| *a = x.mul_add(vs, *a));
+        }
+        s_sum = s_sum.mul_add(ms, vs);
+    }
+    if half_v {
+        acc32.iter_mut().zip(&acc16).for_each(|(a, x)| *a = x.to_f32());
+    }
+    Partial { m, s: s_sum, out: acc32 }
+}
+
+/// llama.cpp's split-KV decode: one-chunk partials over equal slices of the
+/// padded view, merged in order.
+unsafe fn split_kv(ctx: &Ctx<'_>, qrow: &[f32], h: usize, n_kv: usize) -> Vec<f32> {
+    let pos = ctx.end - 1;
+    let chunk = n_kv.div_ceil(SPLIT_THREADS);
+    let d = ctx.p.head_dim;
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    let mut acc = vec![0f32; d];
+    for c in 0..SPLIT_THREADS {
+        let start = c * chunk;
+        if start >= n_kv {
+            continue;
+        }
+        let cells = start.min(ctx.cells)..((c + 1) * chunk).min(n_kv).min(ctx.cells);
+        let part = one_chunk(ctx, qrow, h, pos, cells);
+        if part.s == 0.0 {
+            continue;
+        }
+        let m_new = m.max(part.m);
+        let (so, sn) = ((m - m_new).exp(), (part.m - m_new).exp());
+        for (a, x) in acc.iter_mut().zip(&part.out) {
+            *a = a.mul_add(so, x * sn);
+        }
+        s = s.mul_add(so, part.s * sn);
+        m = m_new;
+    }
+    normalise(Partial { m, s, out: acc })
+}
+
+/// llama.cpp's tiled kernel for the query rows `rows` of head `h`.
+unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> &'q [f32], h: usize) -> Vec<Vec<f32>> {
+    let p = ctx.p;
+    let d = p.head_dim;
+    let kvh = h / (p.heads / p.kv_heads);
+    let nq = rows.len();
+    let mut m = vec![f32::NEG_INFINITY; nq];
+    let mut s = vec![0f32; nq];
+    let mut acc = vec![vec![0f32; d]; nq];
+    let mut keys = vec![0f32; TILE * d];
+    let mut vals = vec![0f32; TILE * d];
+    let mut kq = vec![0f32; TILE];
+    let positions = p.q_position as usize + rows.start..p.q_position as usize + rows.end;
+    for tile_start in (0..ctx.cells).step_by(TILE) {
+        let tile = tile_start..(tile_start + TILE).min(ctx.cells);
+        // A tile no row of the block sees is skipped (it would add nothing).
+        if !tile.clone().any(|c| positions.clone().any(|pos| ctx.visible(c, pos))) {
+            continue;
+        }
+        for (j, c) in tile.clone().enumerate() {
+            ctx.row_f32(ctx.k, c, kvh, &mut keys[j * d..(j + 1) * d]);
+            ctx.row_f32(ctx.v, c, kvh, &mut vals[j * d..(j + 1) * d]);
+        }
+        for (i, t) in rows.clone().enumerate() {
+            let pos = p.q_position as usize + t;
+            let q = qrow(t);
+            for j in 0..TILE {
+                let c = tile.start + j;
+                kq[j] = if j < tile.len() && ctx.visible(c, pos) {
+                    let k = &keys[j * d..(j + 1) * d];
+                    let dot = q.iter().zip(k).fold(0f32, |a, (x, y)| x.mul_add(*y, a));
+                    ctx.scaled(dot)
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+            if tile_max == f32::NEG_INFINITY {
+                continue;
+            }
+            let m_new = m[i].max(tile_max);
+            if m_new > m[i] {
+                let ms = (m[i] - m_new).exp();
+                acc[i].iter_mut().for_each(|a| *a *= ms);
+                s[i] *= ms;
+            }
+            m[i] = m_new;
+            let mut sum = 0f64;
+            for chunk in kq.chunks_exact_mut(16) {
+                let mut lanes = [0f32; 16];
+                for (l, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
+                    *x = v_expf(*x - m_new);
+                    *l = *x;
+                }
+                sum += reduce16(&lanes) as f64;
+            }
+            s[i] = (s[i] as f64 + sum) as f32;
+            for (j, pj) in kq.iter().enumerate().take(tile.len()) {
+                let v = &vals[j * d..(j + 1) * d];
+                for (a, x) in acc[i].iter_mut().zip(v) {
+                    *a = pj.mul_add(*x, *a);
+                }
+            }
+        }
+    }
+    acc.into_iter()
+        .zip(s)
+        .map(|(out, s)| normalise(Partial { m: 0.0, s, out }))
+        .collect()
 }

@@ -8,7 +8,7 @@ const LANES: usize = 16;
 const STEP: usize = 4 * LANES;
 
 /// Sum of 16 lanes in `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
-fn reduce16(x: &[f32; LANES]) -> f32 {
+pub fn reduce16(x: &[f32; LANES]) -> f32 {
     let mut t8 = [0f32; 8];
     for i in 0..8 {
         t8[i] = x[i] + x[i + 8];

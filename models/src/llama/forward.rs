@@ -72,6 +72,7 @@ impl Llama {
             window: kv.window,
             ring: kv.ring,
             softcap: 0.0,
+            kv_capacity: kv.k.rows() as u32,
         };
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;
