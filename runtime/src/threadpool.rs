@@ -152,14 +152,33 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A sense-counting spin barrier for the pool's threads.
-struct SpinBarrier {
+/// The barrier between levels: spin briefly (the common case on idle cores
+/// costs well under a microsecond), then sleep on a condition variable so a
+/// preempted partner does not leave a thread burning a whole time slice.
+struct LevelBarrier {
     threads: usize,
     arrived: AtomicUsize,
     generation: AtomicUsize,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
 }
 
-impl SpinBarrier {
+/// How long a thread spins at a barrier before it sleeps.
+const BARRIER_SPIN: Duration = Duration::from_micros(30);
+
+impl LevelBarrier {
+    fn new(threads: usize) -> Self {
+        Self {
+            threads,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
     fn wait(&self) {
         if self.threads == 1 {
             return;
@@ -167,18 +186,31 @@ impl SpinBarrier {
         let gen = self.generation.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.threads {
             self.arrived.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            if self.sleepers.load(Ordering::SeqCst) > 0 {
+                let _guard = lock(&self.lock);
+                self.cv.notify_all();
+            }
             return;
         }
+        let start = Instant::now();
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == gen {
+            std::hint::spin_loop();
             spins += 1;
-            if spins < 20_000 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+            if spins % 64 == 0 && start.elapsed() > BARRIER_SPIN {
+                break;
             }
         }
+        if self.generation.load(Ordering::Acquire) != gen {
+            return;
+        }
+        let mut guard = lock(&self.lock);
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.generation.load(Ordering::SeqCst) == gen {
+            guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -188,7 +220,7 @@ struct Shared {
     queue_cv: Condvar,
     published: AtomicU64,
     shutdown: AtomicBool,
-    barrier: SpinBarrier,
+    barrier: LevelBarrier,
     counters: Arc<LiveCounters>,
 }
 
@@ -208,11 +240,7 @@ impl ThreadPool {
             queue_cv: Condvar::new(),
             published: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
-            barrier: SpinBarrier {
-                threads,
-                arrived: AtomicUsize::new(0),
-                generation: AtomicUsize::new(0),
-            },
+            barrier: LevelBarrier::new(threads),
             counters,
         });
         let mut workers = Vec::with_capacity(threads);

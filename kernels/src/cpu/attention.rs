@@ -16,7 +16,7 @@
 //! Sliding windows and rings are masks: a cell is skipped unless it holds a
 //! position the query may see.
 
-use super::simd::{dot_f16, mad_f16, reduce16, scale_f16, v_expf};
+use super::simd::{axpy, dot_f16, mad_f16, reduce16, scale_f16, scores64, to_f16, v_expf};
 use super::{HostTensor, WorkSplit};
 use half::f16;
 use std::ops::Range;
@@ -166,7 +166,8 @@ unsafe fn one_chunk(ctx: &Ctx<'_>, qrow: &[f32], h: usize, pos: usize, cells: Ra
     let kvh = h / (p.heads / p.kv_heads);
     let half_k = ctx.k.tensor.dtype == DType::F16;
     let half_v = ctx.v.tensor.dtype == DType::F16;
-    let q16: Vec<f16> = qrow.iter().map(|x| f16::from_f32(*x)).collect();
+    let mut q16 = vec![f16::ZERO; d];
+    to_f16(qrow, &mut q16);
     let mut acc16 = vec![f16::ZERO; d];
     let mut acc32 = vec![0f32; d];
     let mut row = vec![0f32; d];
@@ -198,7 +199,7 @@ unsafe fn one_chunk(ctx: &Ctx<'_>, qrow: &[f32], h: usize, pos: usize, cells: Ra
             mad_f16(&mut acc16, ctx.row_f16(ctx.v, slot, kvh), vs);
         } else {
             ctx.row_f32(ctx.v, slot, kvh, &mut row);
-            acc32.iter_mut().zip(&row).for_each(|(a, x)| *a = x.mul_add(vs, *a));
+            axpy(&mut acc32, vs, &row);
         }
         s_sum = s_sum.mul_add(ms, vs);
     }
@@ -246,9 +247,11 @@ unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> 
     let mut m = vec![f32::NEG_INFINITY; nq];
     let mut s = vec![0f32; nq];
     let mut acc = vec![vec![0f32; d]; nq];
-    let mut keys = vec![0f32; TILE * d];
+    // Keys transposed (`[d][64]`), values row by row, as llama.cpp packs them.
+    let mut keys_t = vec![0f32; TILE * d];
     let mut vals = vec![0f32; TILE * d];
-    let mut kq = vec![0f32; TILE];
+    let mut row = vec![0f32; d];
+    let mut kq = [0f32; TILE];
     let positions = p.q_position as usize + rows.start..p.q_position as usize + rows.end;
     for tile_start in (0..ctx.cells).step_by(TILE) {
         let tile = tile_start..(tile_start + TILE).min(ctx.cells);
@@ -256,22 +259,20 @@ unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> 
         if !tile.clone().any(|c| positions.clone().any(|pos| ctx.visible(c, pos))) {
             continue;
         }
+        keys_t.fill(0.0);
         for (j, c) in tile.clone().enumerate() {
-            ctx.row_f32(ctx.k, c, kvh, &mut keys[j * d..(j + 1) * d]);
+            ctx.row_f32(ctx.k, c, kvh, &mut row);
+            for (dd, x) in row.iter().enumerate() {
+                keys_t[dd * TILE + j] = *x;
+            }
             ctx.row_f32(ctx.v, c, kvh, &mut vals[j * d..(j + 1) * d]);
         }
         for (i, t) in rows.clone().enumerate() {
             let pos = p.q_position as usize + t;
-            let q = qrow(t);
-            for j in 0..TILE {
+            scores64(qrow(t), &keys_t, &mut kq);
+            for (j, s) in kq.iter_mut().enumerate() {
                 let c = tile.start + j;
-                kq[j] = if j < tile.len() && ctx.visible(c, pos) {
-                    let k = &keys[j * d..(j + 1) * d];
-                    let dot = q.iter().zip(k).fold(0f32, |a, (x, y)| x.mul_add(*y, a));
-                    ctx.scaled(dot)
-                } else {
-                    f32::NEG_INFINITY
-                };
+                *s = if j < tile.len() && ctx.visible(c, pos) { ctx.scaled(*s) } else { f32::NEG_INFINITY };
             }
             let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
             if tile_max == f32::NEG_INFINITY {
@@ -295,10 +296,7 @@ unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> 
             }
             s[i] = (s[i] as f64 + sum) as f32;
             for (j, pj) in kq.iter().enumerate().take(tile.len()) {
-                let v = &vals[j * d..(j + 1) * d];
-                for (a, x) in acc[i].iter_mut().zip(v) {
-                    *a = pj.mul_add(*x, *a);
-                }
+                axpy(&mut acc[i], *pj, &vals[j * d..(j + 1) * d]);
             }
         }
     }

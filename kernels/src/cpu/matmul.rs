@@ -30,38 +30,5 @@ pub(super) fn split(x: &Tensor, w: &Tensor, threads: usize) -> WorkSplit {
 /// # Safety
 /// See [`super::run_item`].
 pub(super) unsafe fn matmul(x: &HostTensor, w: &HostTensor, out: &HostTensor, rows: Range<usize>) -> Result<(), OpError> {
-    let (xt, wt) = (x.tensor, w.tensor);
-    let (xr, wr, k, m) = (xt.row_bytes(), wt.row_bytes(), xt.cols(), wt.rows());
-    let (xb, wb) = (x.bytes(), w.bytes());
-    let o = out.ptr as *mut f32;
-    let mut wf = vec![0f32; k];
-    for r in rows {
-        let wrow = &wb[r * wr..(r + 1) * wr];
-        if xt.dtype == DType::F32 {
-            dequantize(wrow, wt.dtype, &mut wf)?;
-        }
-        for t in 0..xt.rows() {
-            let xrow = &xb[t * xr..(t + 1) * xr];
-            let v = if xt.dtype == DType::F32 {
-                super::simd::dot_f32(std::slice::from_raw_parts(xrow.as_ptr() as *const f32, k), &wf)
-            } else {
-                match (wt.dtype, xt.dtype) {
-                    (DType::Q4_1, DType::Q8_1) => super::exact_dot::q4_1_q8_1(wrow, xrow),
-                    (DType::Q8_0, DType::Q8_0) => super::exact_dot::q8_0_q8_0(wrow, xrow),
-                    (DType::Q5_0, DType::Q8_0) => super::exact_dot::q5_0_q8_0(wrow, xrow),
-                    _ => weft_ops::quant::vec_dot_reference(wt.dtype, wrow, xt.dtype, xrow)?,
-                }
-            };
-            *o.add(t * m + r) = v;
-        }
-    }
-    Ok(())
-}
-
-fn dequantize(src: &[u8], dtype: DType, dst: &mut [f32]) -> Result<(), OpError> {
-    match dtype {
-        DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-        _ => weft_ops::quant::dequantize_row(dtype, src, dst)?,
-    }
-    Ok(())
+    super::quant::matmul_rows(x, w, out, rows)
 }

@@ -11,7 +11,6 @@
 mod argmax;
 mod attention;
 mod elementwise;
-pub mod exact_dot;
 mod matmul;
 mod norm;
 pub mod quant;

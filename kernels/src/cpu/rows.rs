@@ -63,7 +63,7 @@ pub(super) unsafe fn quantize(x: &HostTensor, out: &HostTensor, rows: Range<usiz
     let row = out.tensor.row_bytes();
     for (i, r) in rows.enumerate() {
         let src = &xv[r * cols..(r + 1) * cols];
-        weft_ops::quant::quantize_row(out.tensor.dtype, src, &mut dst[i * row..(i + 1) * row])?;
+        super::quant::quantize_activations(out.tensor.dtype, src, &mut dst[i * row..(i + 1) * row])?;
     }
     Ok(())
 }
