@@ -4,6 +4,7 @@
 //! Invariant: model code records nodes; it never calls a kernel.
 
 mod error;
+pub mod eval;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;

@@ -135,10 +135,18 @@ impl Model {
         let max = cache.config().max_chunk;
         while done < tokens.len() {
             let n = policy.next_chunk((tokens.len() - done) as u32, cache.position()).min(max) as usize;
+            let start = cache.position();
             let logits = self.step(exec, cache, &tokens[done..done + n], rows)?;
             match rows {
                 LogitRows::All => out.extend(logits),
                 LogitRows::Last => out = logits,
+                LogitRows::From(p) => {
+                    // Drop rows of positions before `p` (a step before it returns its last row).
+                    let returned = n - rows.first_row(start, n);
+                    let wanted = (start as usize + n).saturating_sub(p as usize).min(returned);
+                    let vocab = logits.len() / returned.max(1);
+                    out.extend_from_slice(&logits[(returned - wanted) * vocab..]);
+                }
             }
             done += n;
         }

@@ -13,8 +13,25 @@ use weft_runtime::{GraphExecutor, GraphSession, SubmissionChain};
 pub enum LogitRows {
     /// Only the last token's (generation).
     Last,
-    /// Every token's (perplexity, prompt argmax).
+    /// Every token's (prompt argmax).
     All,
+    /// Those of positions at or after this one (perplexity scores only the
+    /// second half of each window). A step entirely before it still returns
+    /// its last row, so every step has logits.
+    From(u32),
+}
+
+impl LogitRows {
+    /// Index of the first row (of `n` rows starting at position `start`)
+    /// whose logits a step computes.
+    pub fn first_row(self, start: u32, n: usize) -> usize {
+        let last = n.saturating_sub(1);
+        match self {
+            LogitRows::Last => last,
+            LogitRows::All => 0,
+            LogitRows::From(p) => (p.saturating_sub(start) as usize).min(last),
+        }
+    }
 }
 
 /// Runs one step of `tokens` tokens: `record` records it into a session

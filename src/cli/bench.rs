@@ -42,10 +42,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut cache = model.new_cache(&mut exec, ctx, a.pp.max(1))?;
     let vocab = model.vocab() as u64;
     let mut rng = SplitMix64::new(0);
-    let whole = ChunkPolicy {
-        multiplier: u32::MAX / 256,
-        ..Default::default()
-    };
+    let whole = ChunkPolicy::single(a.pp.max(1));
     let reps = a.reps.max(1);
     let (mut pp_tps, mut tg_tps) = (Vec::new(), Vec::new());
     let (mut pp_counters, mut tg_counters) = (None, None);

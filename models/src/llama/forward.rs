@@ -35,8 +35,8 @@ impl Llama {
             s.set_layer(Some(l as u32));
             s.begin_pool_scope(scope);
             // The last layer only needs the rows whose logits are wanted.
-            let keep_last = l + 1 == c.layers && logits == LogitRows::Last && n > 1;
-            x = self.record_layer(s, layer, l, x, positions, cache, span, keep_last)?;
+            let keep_from = if l + 1 == c.layers { logits.first_row(span.start, n) } else { 0 };
+            x = self.record_layer(s, layer, l, x, positions, cache, span, keep_from)?;
             s.end_pool_scope()?;
         }
         s.set_layer(None);
@@ -45,7 +45,7 @@ impl Llama {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_layer(&self, s: &mut GraphSession<'_>, w: &LlamaLayer, l: usize, x: Tensor, positions: Tensor, cache: &KvCache, span: &CacheSpan, keep_last: bool) -> Result<Tensor, ModelError> {
+    fn record_layer(&self, s: &mut GraphSession<'_>, w: &LlamaLayer, l: usize, x: Tensor, positions: Tensor, cache: &KvCache, span: &CacheSpan, keep_from: usize) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = x.rows();
         let kv = cache.layer(l);
@@ -80,9 +80,9 @@ impl Llama {
         let mut a = s.attention(q, kview, vview, params, "attn")?;
         s.tap(&format!("kqv_out-{l}"), a)?;
         let mut x = x;
-        if keep_last {
-            a = a.rows_view(n - 1, 1)?;
-            x = x.rows_view(n - 1, 1)?;
+        if keep_from > 0 {
+            a = a.rows_view(keep_from, n - keep_from)?;
+            x = x.rows_view(keep_from, n - keep_from)?;
         }
         let o = s.matmul(a, w.wo, "attn_output")?;
         s.tap(&format!("attn_out-{l}"), o)?;

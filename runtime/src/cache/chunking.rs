@@ -42,6 +42,17 @@ impl ChunkPolicy {
         }
     }
 
+    /// One chunk of up to `n` tokens whatever the position (perplexity
+    /// windows, benchmarks).
+    pub fn single(n: u32) -> Self {
+        Self {
+            window: Some(n.max(1)),
+            default_window: n.max(1),
+            multiplier: 1,
+            token_by_token_below: 0,
+        }
+    }
+
     /// Largest chunk this policy produces.
     pub fn max_chunk(&self) -> u32 {
         self.window.unwrap_or(self.default_window).saturating_mul(self.multiplier).max(1)
