@@ -12,7 +12,13 @@ fn reorder(c: &mut Criterion) {
     let mut group = c.benchmark_group("reorder");
     for (name, syn) in [
         ("llama30_decode", llama_shape(&LlamaShape::default())),
-        ("llama30_prefill512", llama_shape(&LlamaShape { tokens: 512, ..Default::default() })),
+        (
+            "llama30_prefill512",
+            llama_shape(&LlamaShape {
+                tokens: 512,
+                ..Default::default()
+            }),
+        ),
         ("random3k", random(3_000, 16, 4096, 1)),
         ("random100k", random(100_000, 64, 4096, 1)),
     ] {
@@ -25,9 +31,11 @@ fn reorder(c: &mut Criterion) {
             s.barriers(),
             recorded.barriers()
         );
-        group.bench_with_input(BenchmarkId::new("schedule", name), &syn.nodes, |b, nodes| {
-            b.iter(|| schedule(black_box(nodes), &cuts, Strategy::Reorder))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("schedule", name),
+            &syn.nodes,
+            |b, nodes| b.iter(|| schedule(black_box(nodes), &cuts, Strategy::Reorder)),
+        );
     }
     group.finish();
 }

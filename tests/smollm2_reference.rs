@@ -20,7 +20,9 @@ const LOGIT_TOLERANCE: f32 = 0.02;
 
 #[test]
 fn prompt_ids_logits_and_greedy_continuations_match_llama_cpp() {
-    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else { return };
+    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else {
+        return;
+    };
     let reference = reference_json("smollm2.json");
     let cases = reference["cases"].as_array().expect("cases");
     let mut failures = Vec::new();
@@ -30,16 +32,35 @@ fn prompt_ids_logits_and_greedy_continuations_match_llama_cpp() {
         let ids = model.tokenizer.encode(text);
         assert_eq!(ids, want_ids, "prompt {i} token ids");
         let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
-        let logits = model.prefill(&mut exec, &mut cache, &ids, &model.chunk_policy(), LogitRows::Last).expect("prefill");
+        let logits = model
+            .prefill(
+                &mut exec,
+                &mut cache,
+                &ids,
+                &model.chunk_policy(),
+                LogitRows::Last,
+            )
+            .expect("prefill");
         let full = common::reference_logits(i);
-        let worst = logits.iter().zip(&full).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = logits
+            .iter()
+            .zip(&full)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         eprintln!("prompt {i}: max |logit - llama.cpp| = {worst:.5}");
         if worst > LOGIT_TOLERANCE {
             failures.push(format!("prompt {i}: logits differ by {worst}"));
         }
         for pair in case["top5_last"].as_array().expect("top5") {
-            let (id, v) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logit") as f32);
-            assert!((logits[id] - v).abs() <= LOGIT_TOLERANCE, "prompt {i}: logit of {id} is {} vs {v}", logits[id]);
+            let (id, v) = (
+                pair[0].as_u64().expect("id") as usize,
+                pair[1].as_f64().expect("logit") as f32,
+            );
+            assert!(
+                (logits[id] - v).abs() <= LOGIT_TOLERANCE,
+                "prompt {i}: logit of {id} is {} vs {v}",
+                logits[id]
+            );
         }
         let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
         let mut got = Vec::new();
@@ -48,11 +69,15 @@ fn prompt_ids_logits_and_greedy_continuations_match_llama_cpp() {
             let t = argmax(&l) as u32;
             got.push(t);
             if k + 1 < want.len() {
-                l = model.step(&mut exec, &mut cache, &[t], LogitRows::Last).expect("decode");
+                l = model
+                    .step(&mut exec, &mut cache, &[t], LogitRows::Last)
+                    .expect("decode");
             }
         }
         if got != want {
-            failures.push(format!("prompt {i}: greedy\n  got  {got:?}\n  want {want:?}"));
+            failures.push(format!(
+                "prompt {i}: greedy\n  got  {got:?}\n  want {want:?}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -65,21 +90,41 @@ fn prompt_ids_logits_and_greedy_continuations_match_llama_cpp() {
 /// llama-cpp-python, n_ctx 512, 2 threads).
 #[test]
 fn long_prompts_match_llama_cpp() {
-    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else { return };
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2_long_cases.json");
-    let data: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("cases")).expect("json");
+    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else {
+        return;
+    };
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/smollm2_long_cases.json"
+    );
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("cases")).expect("json");
     let mut failures = Vec::new();
     for (i, case) in data["cases"].as_array().expect("cases").iter().enumerate() {
         let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
         let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
         let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
-        let mut logits = model.prefill(&mut exec, &mut cache, &ids, &model.chunk_policy(), LogitRows::Last).expect("prefill");
+        let mut logits = model
+            .prefill(
+                &mut exec,
+                &mut cache,
+                &ids,
+                &model.chunk_policy(),
+                LogitRows::Last,
+            )
+            .expect("prefill");
         let mut worst = 0f32;
         for pair in case["top5_last"].as_array().expect("top5") {
-            let (id, v) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logit") as f32);
+            let (id, v) = (
+                pair[0].as_u64().expect("id") as usize,
+                pair[1].as_f64().expect("logit") as f32,
+            );
             worst = worst.max((logits[id] - v).abs());
         }
-        eprintln!("long case {i} ({} tokens): top-5 max |diff| = {worst}", ids.len());
+        eprintln!(
+            "long case {i} ({} tokens): top-5 max |diff| = {worst}",
+            ids.len()
+        );
         if worst > LOGIT_TOLERANCE {
             failures.push(format!("long case {i}: top-5 logits differ by {worst}"));
         }
@@ -88,11 +133,15 @@ fn long_prompts_match_llama_cpp() {
             let t = argmax(&logits) as u32;
             got.push(t);
             if k + 1 < want.len() {
-                logits = model.step(&mut exec, &mut cache, &[t], LogitRows::Last).expect("decode");
+                logits = model
+                    .step(&mut exec, &mut cache, &[t], LogitRows::Last)
+                    .expect("decode");
             }
         }
         if got != want {
-            failures.push(format!("long case {i}: greedy\n  got  {got:?}\n  want {want:?}"));
+            failures.push(format!(
+                "long case {i}: greedy\n  got  {got:?}\n  want {want:?}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

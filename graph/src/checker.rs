@@ -23,25 +23,37 @@ pub fn check(nodes: &[Node], schedule: &Schedule) -> Result<CheckReport, GraphEr
     let mut place: Vec<Option<(usize, u32)>> = vec![None; nodes.len()];
     for (cb_index, cb) in schedule.command_buffers.iter().enumerate() {
         if cb.levels.len() != cb.nodes.len() {
-            return fail(format!("command buffer {cb_index} has {} levels for {} nodes", cb.levels.len(), cb.nodes.len()));
+            return fail(format!(
+                "command buffer {cb_index} has {} levels for {} nodes",
+                cb.levels.len(),
+                cb.nodes.len()
+            ));
         }
         for l in 0..cb.level_count() {
             for &i in cb.level(l) {
                 if i >= nodes.len() || !cb.nodes.contains(&i) {
-                    return fail(format!("command buffer {cb_index} runs node {i}, which it does not cover"));
+                    return fail(format!(
+                        "command buffer {cb_index} runs node {i}, which it does not cover"
+                    ));
                 }
                 if place[i].is_some() {
                     return fail(format!("node {i} ({}) is scheduled twice", nodes[i].label));
                 }
                 if cb.levels[i - cb.nodes.start] != l as u32 {
-                    return fail(format!("node {i} runs in level {l} but is listed at level {}", cb.levels[i - cb.nodes.start]));
+                    return fail(format!(
+                        "node {i} runs in level {l} but is listed at level {}",
+                        cb.levels[i - cb.nodes.start]
+                    ));
                 }
                 place[i] = Some((cb_index, l as u32));
             }
         }
     }
     if let Some(lost) = place.iter().position(Option::is_none) {
-        return fail(format!("node {lost} ({} `{}`) is never scheduled", nodes[lost].op, nodes[lost].label));
+        return fail(format!(
+            "node {lost} ({} `{}`) is never scheduled",
+            nodes[lost].op, nodes[lost].label
+        ));
     }
     let mut conflicting_pairs = 0;
     for j in 0..nodes.len() {

@@ -11,7 +11,11 @@ pub enum GraphError {
     MissingWrites { op: &'static str, label: String },
     /// A range with `start >= end`.
     #[error("[weft-graph] node `{op}` ({label}) declares an empty or inverted range {range}")]
-    BadRange { op: &'static str, label: String, range: ByteRange },
+    BadRange {
+        op: &'static str,
+        label: String,
+        range: ByteRange,
+    },
     /// A schedule that breaks a hazard or loses a node.
     #[error("[weft-graph::checker] {0}")]
     Check(String),

@@ -62,7 +62,11 @@ impl AccessMap {
         // segments are disjoint, so it is the only one overlapping.
         if let Some(seg) = map.get(&range.start) {
             if seg.end == range.end {
-                return if writing { seg.write.max(seg.read) } else { seg.write };
+                return if writing {
+                    seg.write.max(seg.read)
+                } else {
+                    seg.write
+                };
             }
         }
         let mut level = 0;
@@ -142,13 +146,19 @@ impl AccessMap {
 }
 
 /// Segments overlapping `start..end`.
-fn overlapping(map: &BTreeMap<u64, Segment>, start: u64, end: u64) -> impl Iterator<Item = &Segment> {
+fn overlapping(
+    map: &BTreeMap<u64, Segment>,
+    start: u64,
+    end: u64,
+) -> impl Iterator<Item = &Segment> {
     let before = map
         .range(..start)
         .next_back()
         .map(|(_, seg)| seg)
         .filter(|seg| seg.end > start);
-    before.into_iter().chain(map.range(start..end).map(|(_, seg)| seg))
+    before
+        .into_iter()
+        .chain(map.range(start..end).map(|(_, seg)| seg))
 }
 
 /// Splits the segment containing `at` (if any) so that a segment starts at `at`.
@@ -157,7 +167,10 @@ fn split_at(map: &mut BTreeMap<u64, Segment>, at: u64) {
         return;
     };
     if seg.end > at {
-        let tail = Segment { end: seg.end, ..*seg };
+        let tail = Segment {
+            end: seg.end,
+            ..*seg
+        };
         map.get_mut(&s).expect("segment just found").end = at;
         map.insert(at, tail);
     }

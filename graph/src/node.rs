@@ -59,7 +59,8 @@ impl Node {
 
     /// True when `self` and `other` touch a common byte and one of them writes it.
     pub fn conflicts_with(&self, other: &Node) -> bool {
-        let hits = |a: &[ByteRange], b: &[ByteRange]| a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
+        let hits =
+            |a: &[ByteRange], b: &[ByteRange]| a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
         hits(&self.writes, &other.writes)
             || hits(&self.writes, &other.reads)
             || hits(&self.reads, &other.writes)
@@ -67,7 +68,11 @@ impl Node {
 
     /// Total bytes named by the node's ranges (reads plus writes).
     pub fn bytes_touched(&self) -> u64 {
-        self.reads.iter().chain(&self.writes).map(ByteRange::len).sum()
+        self.reads
+            .iter()
+            .chain(&self.writes)
+            .map(ByteRange::len)
+            .sum()
     }
 }
 
@@ -82,25 +87,64 @@ mod tests {
 
     #[test]
     fn missing_ranges_are_refused_with_op_and_label() {
-        let e = Node::checked("matmul", "blk.0.attn_q".into(), Some(0), None, Some(vec![r(0, 0, 4)]))
-            .unwrap_err()
-            .to_string();
+        let e = Node::checked(
+            "matmul",
+            "blk.0.attn_q".into(),
+            Some(0),
+            None,
+            Some(vec![r(0, 0, 4)]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("matmul") && e.contains("blk.0.attn_q"), "{e}");
-        let e = Node::checked("rope", "blk.1.rope_k".into(), Some(1), Some(vec![]), Some(vec![]))
-            .unwrap_err()
-            .to_string();
+        let e = Node::checked(
+            "rope",
+            "blk.1.rope_k".into(),
+            Some(1),
+            Some(vec![]),
+            Some(vec![]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("rope") && e.contains("blk.1.rope_k"), "{e}");
-        let e = Node::checked("add", "x".into(), None, Some(vec![r(0, 4, 4)]), Some(vec![r(1, 0, 4)]))
-            .unwrap_err()
-            .to_string();
+        let e = Node::checked(
+            "add",
+            "x".into(),
+            None,
+            Some(vec![r(0, 4, 4)]),
+            Some(vec![r(1, 0, 4)]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("empty or inverted"), "{e}");
     }
 
     #[test]
     fn read_read_is_not_a_conflict() {
-        let a = Node::checked("x", "a".into(), None, Some(vec![r(0, 0, 8)]), Some(vec![r(1, 0, 8)])).unwrap();
-        let b = Node::checked("x", "b".into(), None, Some(vec![r(0, 4, 12)]), Some(vec![r(2, 0, 8)])).unwrap();
-        let c = Node::checked("x", "c".into(), None, Some(vec![r(1, 7, 9)]), Some(vec![r(3, 0, 8)])).unwrap();
+        let a = Node::checked(
+            "x",
+            "a".into(),
+            None,
+            Some(vec![r(0, 0, 8)]),
+            Some(vec![r(1, 0, 8)]),
+        )
+        .unwrap();
+        let b = Node::checked(
+            "x",
+            "b".into(),
+            None,
+            Some(vec![r(0, 4, 12)]),
+            Some(vec![r(2, 0, 8)]),
+        )
+        .unwrap();
+        let c = Node::checked(
+            "x",
+            "c".into(),
+            None,
+            Some(vec![r(1, 7, 9)]),
+            Some(vec![r(3, 0, 8)]),
+        )
+        .unwrap();
         assert!(!a.conflicts_with(&b));
         assert!(a.conflicts_with(&c));
         assert!(c.conflicts_with(&a));

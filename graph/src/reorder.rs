@@ -110,7 +110,11 @@ pub fn schedule(nodes: &[Node], cuts: &[Range<usize>], strategy: Strategy) -> Sc
 /// Schedules with caller-chosen levels: `levels(slice, range)` returns the
 /// 0-based level of each node of one command buffer. The result is not
 /// checked here; run [`crate::checker::check`] on it.
-pub fn schedule_by(nodes: &[Node], cuts: &[Range<usize>], mut levels: impl FnMut(&[Node], Range<usize>) -> Vec<u32>) -> Schedule {
+pub fn schedule_by(
+    nodes: &[Node],
+    cuts: &[Range<usize>],
+    mut levels: impl FnMut(&[Node], Range<usize>) -> Vec<u32>,
+) -> Schedule {
     let command_buffers = cuts
         .iter()
         .map(|cut| {
@@ -155,7 +159,11 @@ pub(crate) fn note_node(map: &mut AccessMap, node: &Node, level: u32) {
     }
 }
 
-fn build_command_buffer(nodes: &[Node], range: Range<usize>, levels: Vec<u32>) -> CommandBufferSchedule {
+fn build_command_buffer(
+    nodes: &[Node],
+    range: Range<usize>,
+    levels: Vec<u32>,
+) -> CommandBufferSchedule {
     let level_count = levels.iter().max().map_or(0, |m| *m as usize + 1);
     // Counting sort by level keeps recorded order inside a level.
     let mut level_starts = vec![0usize; level_count + 1];

@@ -55,7 +55,14 @@ pub fn random(nodes: usize, buffers: u32, buffer_bytes: u64, seed: u64) -> Synth
             let reads = (0..rng.below(3)).map(|_| range(&mut rng)).collect();
             let writes = (0..1 + rng.below(2)).map(|_| range(&mut rng)).collect();
             let layer = Some((i / 16) as u32);
-            Node::checked("random", format!("n{i}").into(), layer, Some(reads), Some(writes)).expect("ranges are non-empty")
+            Node::checked(
+                "random",
+                format!("n{i}").into(),
+                layer,
+                Some(reads),
+                Some(writes),
+            )
+            .expect("ranges are non-empty")
         })
         .collect();
     let infos = (0..buffers)
@@ -140,12 +147,19 @@ impl Builder {
         self.pool_next = 0;
     }
 
-    fn node(&mut self, op: &'static str, label: &str, reads: Vec<ByteRange>, writes: Vec<ByteRange>) {
+    fn node(
+        &mut self,
+        op: &'static str,
+        label: &str,
+        reads: Vec<ByteRange>,
+        writes: Vec<ByteRange>,
+    ) {
         let label = match self.layer {
             Some(l) => format!("blk.{l}.{label}"),
             None => label.to_string(),
         };
-        let node = Node::checked(op, label.into(), self.layer, Some(reads), Some(writes)).expect("synthetic ranges are valid");
+        let node = Node::checked(op, label.into(), self.layer, Some(reads), Some(writes))
+            .expect("synthetic ranges are valid");
         self.nodes.push(node);
     }
 }
@@ -165,8 +179,13 @@ pub fn llama_shape(shape: &LlamaShape) -> Synthetic {
         pool_next: 0,
         layer: None,
     };
-    let weights_per_layer = q4(shape.hidden, shape.hidden) * 2 + q4(kv_row, shape.hidden) * 2 + q4(shape.ffn, shape.hidden) * 3 + 2 * shape.hidden * f;
-    let weight_bytes = weights_per_layer * shape.layers as u64 + shape.vocab * shape.hidden / 32 * 34 + shape.hidden * f;
+    let weights_per_layer = q4(shape.hidden, shape.hidden) * 2
+        + q4(kv_row, shape.hidden) * 2
+        + q4(shape.ffn, shape.hidden) * 3
+        + 2 * shape.hidden * f;
+    let weight_bytes = weights_per_layer * shape.layers as u64
+        + shape.vocab * shape.hidden / 32 * 34
+        + shape.hidden * f;
     let weights = b.buffer("weights".into(), weight_bytes);
     let mut w_off = 0u64;
     let mut weight = |bytes: u64| {
@@ -215,12 +234,23 @@ pub fn llama_shape(shape: &LlamaShape) -> Synthetic {
         b.node("rope", "rope_k", vec![k, positions], vec![kr]);
         let v = b.pooled(t * kv_row * f);
         b.node("matmul", "attn_v", vec![hq, wv], vec![v]);
-        let rows = |base: u32| ByteRange::new(BufferId(base), shape.position * kv_row * 2, ctx * kv_row * 2);
+        let rows = |base: u32| {
+            ByteRange::new(
+                BufferId(base),
+                shape.position * kv_row * 2,
+                ctx * kv_row * 2,
+            )
+        };
         b.node("set_rows", "k_cache_write", vec![kr], vec![rows(k_cache)]);
         b.node("set_rows", "v_cache_write", vec![v], vec![rows(v_cache)]);
         let a = b.pooled(t * shape.hidden * f);
         let kv_read = |base: u32| ByteRange::new(BufferId(base), 0, ctx * kv_row * 2);
-        b.node("attention", "attn", vec![qr, kv_read(k_cache), kv_read(v_cache)], vec![a]);
+        b.node(
+            "attention",
+            "attn",
+            vec![qr, kv_read(k_cache), kv_read(v_cache)],
+            vec![a],
+        );
         let aq = b.pooled(q8(t, shape.hidden));
         b.node("quantize", "attn_out_q8", vec![a], vec![aq]);
         let o = b.pooled(t * shape.hidden * f);
@@ -245,13 +275,22 @@ pub fn llama_shape(shape: &LlamaShape) -> Synthetic {
     }
     b.layer = None;
     let wn = weight(shape.hidden * f);
-    let last = ByteRange::new(BufferId(residual), (t - 1) * shape.hidden * f, t * shape.hidden * f);
+    let last = ByteRange::new(
+        BufferId(residual),
+        (t - 1) * shape.hidden * f,
+        t * shape.hidden * f,
+    );
     let out_norm = b.pooled(shape.hidden * f);
     b.node("rms_norm", "output_norm", vec![last, wn], vec![out_norm]);
     let out_q = b.pooled(q8(1, shape.hidden));
     b.node("quantize", "output_q8", vec![out_norm], vec![out_q]);
     let logits = b.buffer("logits".into(), shape.vocab * f);
-    b.node("matmul", "output", vec![out_q, embd], vec![ByteRange::new(BufferId(logits), 0, shape.vocab * f)]);
+    b.node(
+        "matmul",
+        "output",
+        vec![out_q, embd],
+        vec![ByteRange::new(BufferId(logits), 0, shape.vocab * f)],
+    );
     Synthetic {
         nodes: b.nodes,
         buffers: b.buffers,

@@ -20,17 +20,26 @@ fn arb_node(buffers: u32, bytes: u64) -> impl Strategy<Value = Node> {
         proptest::collection::vec(arb_range(buffers, bytes), 1..3),
         0u32..4,
     )
-        .prop_map(|(reads, writes, layer)| Node::checked("op", "n".into(), Some(layer), Some(reads), Some(writes)).unwrap())
+        .prop_map(|(reads, writes, layer)| {
+            Node::checked("op", "n".into(), Some(layer), Some(reads), Some(writes)).unwrap()
+        })
 }
 
 fn arb_recording() -> impl Strategy<Value = Vec<Node>> {
-    (1u32..5, 2u64..64).prop_flat_map(|(buffers, bytes)| proptest::collection::vec(arb_node(buffers, bytes), 0..40))
+    (1u32..5, 2u64..64).prop_flat_map(|(buffers, bytes)| {
+        proptest::collection::vec(arb_node(buffers, bytes), 0..40)
+    })
 }
 
 /// Executes `nodes` over byte buffers: each node hashes what it reads and its
 /// index into every byte it writes. Any reordering that breaks a hazard
 /// changes the result.
-fn simulate(nodes: &[Node], order: impl Iterator<Item = usize>, buffers: u32, bytes: u64) -> Vec<Vec<u64>> {
+fn simulate(
+    nodes: &[Node],
+    order: impl Iterator<Item = usize>,
+    buffers: u32,
+    bytes: u64,
+) -> Vec<Vec<u64>> {
     let mut mem = vec![vec![0u64; bytes as usize]; buffers as usize];
     for i in order {
         let n = &nodes[i];
@@ -41,7 +50,10 @@ fn simulate(nodes: &[Node], order: impl Iterator<Item = usize>, buffers: u32, by
             }
         }
         for (k, w) in n.writes.iter().enumerate() {
-            for (o, x) in mem[w.buffer.0 as usize][w.start as usize..w.end as usize].iter_mut().enumerate() {
+            for (o, x) in mem[w.buffer.0 as usize][w.start as usize..w.end as usize]
+                .iter_mut()
+                .enumerate()
+            {
                 *x = h.wrapping_add((k * 1000 + o) as u64);
             }
         }
@@ -89,7 +101,14 @@ fn checker_rejects_a_dropped_hazard() {
     let r = |b, s, e| ByteRange::new(BufferId(b), s, e);
     let nodes = vec![
         Node::checked("w", "a".into(), None, Some(vec![]), Some(vec![r(0, 0, 8)])).unwrap(),
-        Node::checked("r", "b".into(), None, Some(vec![r(0, 4, 6)]), Some(vec![r(1, 0, 8)])).unwrap(),
+        Node::checked(
+            "r",
+            "b".into(),
+            None,
+            Some(vec![r(0, 4, 6)]),
+            Some(vec![r(1, 0, 8)]),
+        )
+        .unwrap(),
     ];
     let cuts = cut(&nodes, &CutPolicy::default());
     let mut s = schedule(&nodes, &cuts, Plan::Reorder);
@@ -120,4 +139,3 @@ fn llama_shape_decode_beats_baselines() {
     assert!(weft.barriers() <= greedy.barriers() && greedy.barriers() <= eager.barriers());
     assert!(weft.barriers() < eager.barriers());
 }
-

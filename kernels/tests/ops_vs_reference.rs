@@ -36,7 +36,10 @@ impl Rng {
 fn run_cpu(node: &OpNode, mem: &HostMemory, threads: usize) -> HostMemory {
     let mut out = mem.clone();
     let resolve = |m: &mut HostMemory, t: &Tensor| HostTensor {
-        ptr: m.bytes_mut(&Tensor { offset: 0, ..*t }).as_mut_ptr().wrapping_add(t.offset as usize),
+        ptr: m
+            .bytes_mut(&Tensor { offset: 0, ..*t })
+            .as_mut_ptr()
+            .wrapping_add(t.offset as usize),
         tensor: *t,
     };
     let ins: Vec<HostTensor> = node.inputs.iter().map(|t| resolve(&mut out, t)).collect();
@@ -83,20 +86,54 @@ fn elementwise_and_norm_match_reference() {
     let mut rng = Rng(1);
     let mut mem = HostMemory::default();
     for (rows, cols) in [(1, 576), (7, 64), (3, 1000)] {
-        let a = mem.f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0)).unwrap();
-        let b = mem.f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0)).unwrap();
+        let a = mem
+            .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
+            .unwrap();
+        let b = mem
+            .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
+            .unwrap();
         let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 3.0)).unwrap();
         let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
         let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
         // Exact in f32 up to the order of one operation.
         compare(&node(Op::Add, vec![a, b], vec![o]), &mem, 1e-6, 1e-6, "add");
-        compare(&node(Op::Mul, vec![a, b1], vec![o]), &mem, 1e-6, 1e-6, "mul broadcast");
-        compare(&node(Op::Scale { factor: 0.37 }, vec![a], vec![o]), &mem, 1e-6, 1e-6, "scale");
+        compare(
+            &node(Op::Mul, vec![a, b1], vec![o]),
+            &mem,
+            1e-6,
+            1e-6,
+            "mul broadcast",
+        );
+        compare(
+            &node(Op::Scale { factor: 0.37 }, vec![a], vec![o]),
+            &mem,
+            1e-6,
+            1e-6,
+            "scale",
+        );
         // silu uses expf: a few ulps.
-        compare(&node(Op::SiluMul, vec![a, b], vec![o]), &mem, 1e-5, 1e-5, "silu_mul");
+        compare(
+            &node(Op::SiluMul, vec![a, b], vec![o]),
+            &mem,
+            1e-5,
+            1e-5,
+            "silu_mul",
+        );
         // rms_norm: f64 sum in both; the scale differs by f32 rounding.
-        compare(&node(Op::RmsNorm { eps: 1e-5 }, vec![a, w], vec![o]), &mem, 1e-5, 1e-5, "rms_norm");
-        compare(&node(Op::Softmax { scale: 0.7 }, vec![a], vec![o]), &mem, 1e-5, 1e-6, "softmax");
+        compare(
+            &node(Op::RmsNorm { eps: 1e-5 }, vec![a, w], vec![o]),
+            &mem,
+            1e-5,
+            1e-5,
+            "rms_norm",
+        );
+        compare(
+            &node(Op::Softmax { scale: 0.7 }, vec![a], vec![o]),
+            &mem,
+            1e-5,
+            1e-6,
+            "softmax",
+        );
     }
 }
 
@@ -106,14 +143,46 @@ fn argmax_copy_and_rows_match_reference() {
     let mut mem = HostMemory::default();
     let x = mem.f32_tensor(&[5, 300], &rng.vec(1500, 2.0)).unwrap();
     let ids = mem.zeros(DType::I32, &[5]).unwrap();
-    compare(&node(Op::Argmax, vec![x], vec![ids]), &mem, 0.0, 1.0, "argmax");
+    compare(
+        &node(Op::Argmax, vec![x], vec![ids]),
+        &mem,
+        0.0,
+        1.0,
+        "argmax",
+    );
     for dt in [DType::F16, DType::BF16] {
         let o = mem.zeros(dt, &[5, 300]).unwrap();
         // One rounding to the narrow type: exact match expected.
         compare(&node(Op::Copy, vec![x], vec![o]), &mem, 0.0, 1e-6, "copy");
         let cache = mem.zeros(dt, &[16, 300]).unwrap();
-        compare(&node(Op::SetRows { start: 3, ring: None }, vec![x], vec![cache]), &mem, 0.0, 1e-6, "set_rows");
-        compare(&node(Op::SetRows { start: 14, ring: Some(8) }, vec![x], vec![cache]), &mem, 0.0, 1e-6, "set_rows ring");
+        compare(
+            &node(
+                Op::SetRows {
+                    start: 3,
+                    ring: None,
+                },
+                vec![x],
+                vec![cache],
+            ),
+            &mem,
+            0.0,
+            1e-6,
+            "set_rows",
+        );
+        compare(
+            &node(
+                Op::SetRows {
+                    start: 14,
+                    ring: Some(8),
+                },
+                vec![x],
+                vec![cache],
+            ),
+            &mem,
+            0.0,
+            1e-6,
+            "set_rows ring",
+        );
     }
 }
 
@@ -122,9 +191,13 @@ fn rope_matches_reference() {
     let mut rng = Rng(3);
     let mut mem = HostMemory::default();
     let (rows, heads, d) = (6, 3, 64);
-    let x = mem.f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0)).unwrap();
+    let x = mem
+        .f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0))
+        .unwrap();
     let pos: Vec<i32> = (0..rows as i32).map(|i| i * 37 + 5).collect();
-    let p = mem.tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos)).unwrap();
+    let p = mem
+        .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
+        .unwrap();
     let o = mem.zeros(DType::F32, &[rows, heads * d]).unwrap();
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         for n_dims in [64, 32] {
@@ -132,12 +205,24 @@ fn rope_matches_reference() {
             // The kernel builds theta by repeated multiplication (as ggml
             // does), the reference with powf: the angle drifts by about
             // n_dims/2 ulps, i.e. ~4e-4 rad at position 190.
-            compare(&node(Op::Rope(params), vec![x, p], vec![o]), &mem, 2e-3, 1e-2, "rope");
+            compare(
+                &node(Op::Rope(params), vec![x, p], vec![o]),
+                &mem,
+                2e-3,
+                1e-2,
+                "rope",
+            );
             params.ext_factor = 1.0;
             params.freq_scale = 0.25;
             params.orig_ctx = 4096;
             params.base = 100000.0;
-            compare(&node(Op::Rope(params), vec![x, p], vec![o]), &mem, 2e-3, 1e-2, "rope yarn");
+            compare(
+                &node(Op::Rope(params), vec![x, p], vec![o]),
+                &mem,
+                2e-3,
+                1e-2,
+                "rope yarn",
+            );
         }
     }
 }
@@ -146,11 +231,18 @@ fn rope_matches_reference() {
 fn attention_matches_reference() {
     let mut rng = Rng(4);
     for (kv_dtype, tol) in [(DType::F32, 1e-4), (DType::F16, 3e-2)] {
-        for (n, q_position, window, ring) in [(1, 9, None, None), (5, 0, None, None), (4, 20, Some(8), Some(12)), (3, 5, Some(4), None)] {
+        for (n, q_position, window, ring) in [
+            (1, 9, None, None),
+            (5, 0, None, None),
+            (4, 20, Some(8), Some(12)),
+            (3, 5, Some(4), None),
+        ] {
             let mut mem = HostMemory::default();
             let (heads, kv_heads, d) = (6, 2, 64);
             let rows = ring.map_or(q_position as usize + n, |r| r as usize);
-            let q = mem.f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0)).unwrap();
+            let q = mem
+                .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
+                .unwrap();
             let k = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
             let v = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
             mem.set_f32(&k, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
@@ -169,7 +261,13 @@ fn attention_matches_reference() {
             };
             // f16 caches: the kernel rounds q and its running output to f16
             // like llama.cpp (~1e-3 relative per step); f32: summation order.
-            compare(&node(Op::Attention(params), vec![q, k, v], vec![o]), &mem, tol, 5e-2, "attention");
+            compare(
+                &node(Op::Attention(params), vec![q, k, v], vec![o]),
+                &mem,
+                tol,
+                5e-2,
+                "attention",
+            );
         }
     }
 }

@@ -20,16 +20,31 @@ pub struct Perplexity {
 }
 
 /// Perplexity of `tokens` in windows of `ctx`; `progress(chunk, ppl so far)`.
-pub fn perplexity(model: &Model, exec: &mut GraphExecutor, tokens: &[u32], ctx: usize, progress: &mut dyn FnMut(usize, f64)) -> Result<Perplexity, ModelError> {
+pub fn perplexity(
+    model: &Model,
+    exec: &mut GraphExecutor,
+    tokens: &[u32],
+    ctx: usize,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<Perplexity, ModelError> {
     if ctx < 2 {
-        return Err(ModelError::Input("the perplexity window must be at least 2 tokens".into()));
+        return Err(ModelError::Input(
+            "the perplexity window must be at least 2 tokens".into(),
+        ));
     }
     let chunks = tokens.len() / ctx;
     if chunks == 0 {
-        return Err(ModelError::Input(format!("the text has {} tokens, fewer than one window of {ctx}", tokens.len())));
+        return Err(ModelError::Input(format!(
+            "the text has {} tokens, fewer than one window of {ctx}",
+            tokens.len()
+        )));
     }
     let vocab = model.vocab();
-    let bos = model.tokenizer.add_bos().then(|| model.tokenizer.bos()).flatten();
+    let bos = model
+        .tokenizer
+        .add_bos()
+        .then(|| model.tokenizer.bos())
+        .flatten();
     let mut cache = model.new_cache(exec, ctx as u32, ctx as u32)?;
     let whole = ChunkPolicy::single(ctx as u32);
     let first = ctx / 2;
@@ -40,7 +55,13 @@ pub fn perplexity(model: &Model, exec: &mut GraphExecutor, tokens: &[u32], ctx: 
             window[0] = b;
         }
         cache.reset();
-        let logits = model.prefill(exec, &mut cache, &window, &whole, LogitRows::From(first as u32))?;
+        let logits = model.prefill(
+            exec,
+            &mut cache,
+            &window,
+            &whole,
+            LogitRows::From(first as u32),
+        )?;
         for i in first..ctx - 1 {
             let row = &logits[(i - first) * vocab..(i - first + 1) * vocab];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));

@@ -36,12 +36,18 @@ impl Model {
         let weights = WeightMap::new(&file, exec);
         let family = match arch.as_str() {
             "llama" => Family::Llama(Llama::load(&weights, "llama")?),
-            other => return Err(ModelError::Unsupported(format!("architecture `{other}` (weft runs: llama)"))),
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "architecture `{other}` (weft runs: llama)"
+                )))
+            }
         };
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let name = match file.get_str("general.name")? {
             Some(n) => n.to_string(),
-            None => path.file_name().map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned()),
+            None => path
+                .file_name()
+                .map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned()),
         };
         Ok(Model {
             file,
@@ -103,24 +109,45 @@ impl Model {
     }
 
     /// A fresh cache for `context` tokens, taking steps of up to `max_chunk`.
-    pub fn new_cache(&self, exec: &mut GraphExecutor, context: u32, max_chunk: u32) -> Result<KvCache, ModelError> {
+    pub fn new_cache(
+        &self,
+        exec: &mut GraphExecutor,
+        context: u32,
+        max_chunk: u32,
+    ) -> Result<KvCache, ModelError> {
         Ok(KvCache::new(exec, self.cache_config(context, max_chunk))?)
     }
 
     /// One step (one transaction) over `tokens` at the cache's position.
-    pub fn step(&self, exec: &mut GraphExecutor, cache: &mut KvCache, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>, ModelError> {
+    pub fn step(
+        &self,
+        exec: &mut GraphExecutor,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        rows: LogitRows,
+    ) -> Result<Vec<f32>, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::Input("a step needs at least one token".into()));
         }
-        let n = u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
+        let n =
+            u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
         match &self.family {
-            Family::Llama(m) => run_step(exec, cache, n, |s, c, span| m.record_step(s, c, span, tokens, rows)),
+            Family::Llama(m) => run_step(exec, cache, n, |s, c, span| {
+                m.record_step(s, c, span, tokens, rows)
+            }),
         }
     }
 
     /// Prefills `tokens` in chunks (`policy`), each its own transaction, and
     /// returns the logits: of the last token, or of every token.
-    pub fn prefill(&self, exec: &mut GraphExecutor, cache: &mut KvCache, tokens: &[u32], policy: &ChunkPolicy, rows: LogitRows) -> Result<Vec<f32>, ModelError> {
+    pub fn prefill(
+        &self,
+        exec: &mut GraphExecutor,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        policy: &ChunkPolicy,
+        rows: LogitRows,
+    ) -> Result<Vec<f32>, ModelError> {
         let needed = cache.position() as u64 + tokens.len() as u64;
         if needed > cache.config().context as u64 {
             return Err(ModelError::Input(format!(
@@ -134,7 +161,9 @@ impl Model {
         let mut done = 0usize;
         let max = cache.config().max_chunk;
         while done < tokens.len() {
-            let n = policy.next_chunk((tokens.len() - done) as u32, cache.position()).min(max) as usize;
+            let n = policy
+                .next_chunk((tokens.len() - done) as u32, cache.position())
+                .min(max) as usize;
             let start = cache.position();
             let logits = self.step(exec, cache, &tokens[done..done + n], rows)?;
             match rows {
@@ -143,7 +172,9 @@ impl Model {
                 LogitRows::From(p) => {
                     // Drop rows of positions before `p` (a step before it returns its last row).
                     let returned = n - rows.first_row(start, n);
-                    let wanted = (start as usize + n).saturating_sub(p as usize).min(returned);
+                    let wanted = (start as usize + n)
+                        .saturating_sub(p as usize)
+                        .min(returned);
                     let vocab = logits.len() / returned.max(1);
                     out.extend_from_slice(&logits[(returned - wanted) * vocab..]);
                 }

@@ -74,14 +74,22 @@ impl Sampler {
             seen.dedup();
             for t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repeat_penalty
+                    } else {
+                        *l * p.repeat_penalty
+                    };
                 }
             }
         }
         if p.temperature <= 0.0 {
             return argmax(&logits) as u32;
         }
-        let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, l)| (i as u32, l / p.temperature)).collect();
+        let mut cands: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i as u32, l / p.temperature))
+            .collect();
         cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
             cands.truncate(p.top_k.max(1));

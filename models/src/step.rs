@@ -65,7 +65,10 @@ pub fn run_step(
     let values = match exec.read_f32(&logits) {
         Ok(v) => v,
         Err(e) => {
-            cache.poison(&format!("reading the logits of the step at {} failed: {e}", span.start));
+            cache.poison(&format!(
+                "reading the logits of the step at {} failed: {e}",
+                span.start
+            ));
             return Err(e.into());
         }
     };

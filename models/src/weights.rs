@@ -29,20 +29,29 @@ impl<'f> WeightMap<'f> {
 
     /// The weight `name`, shaped outermost-first (GGUF's dims reversed).
     pub fn get(&self, name: &str) -> Result<Tensor, ModelError> {
-        let info = self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let info = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         self.tensor(info)
     }
 
     /// The weight `name` if the file has it.
     pub fn optional(&self, name: &str) -> Result<Option<Tensor>, ModelError> {
-        self.file.tensor(name).map(|info| self.tensor(info)).transpose()
+        self.file
+            .tensor(name)
+            .map(|info| self.tensor(info))
+            .transpose()
     }
 
     /// The weight `name`, checked to have `dims` (outermost first).
     pub fn expect(&self, name: &str, dims: &[usize]) -> Result<Tensor, ModelError> {
         let t = self.get(name)?;
         if t.shape.dims() != dims {
-            return Err(ModelError::Shape(format!("tensor `{name}` has shape {:?}, expected {dims:?}", t.shape.dims())));
+            return Err(ModelError::Shape(format!(
+                "tensor `{name}` has shape {:?}, expected {dims:?}",
+                t.shape.dims()
+            )));
         }
         Ok(t)
     }
@@ -50,11 +59,19 @@ impl<'f> WeightMap<'f> {
     fn tensor(&self, info: &TensorInfo) -> Result<Tensor, ModelError> {
         let dims: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         if dims.is_empty() || dims.len() > 4 {
-            return Err(ModelError::Shape(format!("tensor `{}` has {} dimensions", info.name, dims.len())));
+            return Err(ModelError::Shape(format!(
+                "tensor `{}` has {} dimensions",
+                info.name,
+                dims.len()
+            )));
         }
-        let t = Tensor::new(self.buffer, info.offset, info.dtype, Shape::new(&dims)).map_err(|e| ModelError::Shape(format!("tensor `{}`: {e}", info.name)))?;
+        let t = Tensor::new(self.buffer, info.offset, info.dtype, Shape::new(&dims))
+            .map_err(|e| ModelError::Shape(format!("tensor `{}`: {e}", info.name)))?;
         if t.bytes() != info.bytes {
-            return Err(ModelError::Shape(format!("tensor `{}`: {} bytes for shape {dims:?} of {}", info.name, info.bytes, info.dtype)));
+            return Err(ModelError::Shape(format!(
+                "tensor `{}`: {} bytes for shape {dims:?} of {}",
+                info.name, info.bytes, info.dtype
+            )));
         }
         Ok(t)
     }
@@ -69,6 +86,14 @@ impl<'f> WeightMap<'f> {
 pub fn is_supported_matrix(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::F32 | DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q8_0
+            | DType::Q4_K
+            | DType::Q6_K
     )
 }

@@ -23,21 +23,39 @@ pub trait Recorder {
 /// Builder methods, available on every [`Recorder`].
 pub trait Builder: Recorder {
     /// Validates and records `op` over `inputs` into `outputs`.
-    fn push(&mut self, op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>, label: impl Into<Label>) -> Result<(), OpError> {
+    fn push(
+        &mut self,
+        op: Op,
+        inputs: Vec<Tensor>,
+        outputs: Vec<Tensor>,
+        label: impl Into<Label>,
+    ) -> Result<(), OpError> {
         let node = OpNode::new(op, inputs, outputs);
         node.validate()?;
         self.record(node, label.into())
     }
 
     /// Records `op` with one freshly allocated output.
-    fn push_new(&mut self, op: Op, inputs: Vec<Tensor>, dtype: DType, dims: &[usize], label: impl Into<Label>) -> Result<Tensor, OpError> {
+    fn push_new(
+        &mut self,
+        op: Op,
+        inputs: Vec<Tensor>,
+        dtype: DType,
+        dims: &[usize],
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
         let out = self.alloc(dtype, dims)?;
         self.push(op, inputs, vec![out], label)?;
         Ok(out)
     }
 
     /// Embedding lookup: rows `ids` of `table`, as f32.
-    fn get_rows(&mut self, table: Tensor, ids: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+    fn get_rows(
+        &mut self,
+        table: Tensor,
+        ids: Tensor,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
         let dims = [ids.shape.elements(), table.cols()];
         self.push_new(Op::GetRows, vec![table, ids], DType::F32, &dims, label)
     }
@@ -45,7 +63,12 @@ pub trait Builder: Recorder {
     /// Quantizes `x` into the activation format `w`'s matmul takes, or returns
     /// `x` when that format is f32. Share the result between matmuls with the
     /// same input (Q, K and V) to quantize once.
-    fn activations_for(&mut self, x: Tensor, weight_dtype: DType, label: impl Into<Label>) -> Result<Tensor, OpError> {
+    fn activations_for(
+        &mut self,
+        x: Tensor,
+        weight_dtype: DType,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
         let act = crate::quant::vec_dot_type(weight_dtype);
         if act == x.dtype {
             return Ok(x);
@@ -63,8 +86,20 @@ pub trait Builder: Recorder {
     }
 
     /// RMS norm times `weight`.
-    fn rms_norm(&mut self, x: Tensor, weight: Tensor, eps: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::RmsNorm { eps }, vec![x, weight], DType::F32, x.shape.dims(), label)
+    fn rms_norm(
+        &mut self,
+        x: Tensor,
+        weight: Tensor,
+        eps: f32,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::RmsNorm { eps },
+            vec![x, weight],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
     }
 
     /// `a + b` (b: same shape or one row).
@@ -83,32 +118,97 @@ pub trait Builder: Recorder {
     }
 
     /// `x * factor`.
-    fn scale(&mut self, x: Tensor, factor: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::Scale { factor }, vec![x], DType::F32, x.shape.dims(), label)
+    fn scale(
+        &mut self,
+        x: Tensor,
+        factor: f32,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::Scale { factor },
+            vec![x],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
     }
 
     /// Rotary embedding of `x [n, heads * head_dim]` at `positions i32 [n]`.
-    fn rope(&mut self, x: Tensor, positions: Tensor, params: RopeParams, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::Rope(params), vec![x, positions], DType::F32, x.shape.dims(), label)
+    fn rope(
+        &mut self,
+        x: Tensor,
+        positions: Tensor,
+        params: RopeParams,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::Rope(params),
+            vec![x, positions],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
     }
 
     /// Row softmax of `x * scale`.
-    fn softmax(&mut self, x: Tensor, scale: f32, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::Softmax { scale }, vec![x], DType::F32, x.shape.dims(), label)
+    fn softmax(
+        &mut self,
+        x: Tensor,
+        scale: f32,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::Softmax { scale },
+            vec![x],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
     }
 
     /// Causal grouped-query attention of `q` over the cache views `k`, `v`.
-    fn attention(&mut self, q: Tensor, k: Tensor, v: Tensor, params: AttentionParams, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::Attention(params), vec![q, k, v], DType::F32, q.shape.dims(), label)
+    fn attention(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        params: AttentionParams,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::Attention(params),
+            vec![q, k, v],
+            DType::F32,
+            q.shape.dims(),
+            label,
+        )
     }
 
     /// `silu(gate) * up`.
-    fn silu_mul(&mut self, gate: Tensor, up: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::SiluMul, vec![gate, up], DType::F32, gate.shape.dims(), label)
+    fn silu_mul(
+        &mut self,
+        gate: Tensor,
+        up: Tensor,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::SiluMul,
+            vec![gate, up],
+            DType::F32,
+            gate.shape.dims(),
+            label,
+        )
     }
 
     /// Writes the rows of `src` into `dst` at `start..` (ring slots when `ring` is set).
-    fn set_rows(&mut self, src: Tensor, dst: Tensor, start: u32, ring: Option<u32>, label: impl Into<Label>) -> Result<(), OpError> {
+    fn set_rows(
+        &mut self,
+        src: Tensor,
+        dst: Tensor,
+        start: u32,
+        ring: Option<u32>,
+        label: impl Into<Label>,
+    ) -> Result<(), OpError> {
         self.push(Op::SetRows { start, ring }, vec![src], vec![dst], label)
     }
 
@@ -118,14 +218,33 @@ pub trait Builder: Recorder {
     }
 
     /// Converts `x` to `dtype`.
-    fn copy_to(&mut self, x: Tensor, dtype: DType, label: impl Into<Label>) -> Result<Tensor, OpError> {
+    fn copy_to(
+        &mut self,
+        x: Tensor,
+        dtype: DType,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
         self.push_new(Op::Copy, vec![x], dtype, x.shape.dims(), label)
     }
 
     /// A tensor holding `data` (host bytes, copied at record time and written
     /// when the command buffer runs, so it is ordered with the work around it).
-    fn upload(&mut self, dtype: DType, dims: &[usize], data: &[u8], label: impl Into<Label>) -> Result<Tensor, OpError> {
-        self.push_new(Op::Write { data: Arc::from(data) }, vec![], dtype, dims, label)
+    fn upload(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+        data: &[u8],
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::Write {
+                data: Arc::from(data),
+            },
+            vec![],
+            dtype,
+            dims,
+            label,
+        )
     }
 
     /// `i32` values as a tensor (token ids, positions).

@@ -99,9 +99,28 @@ impl DType {
     /// Weights per block (1 for plain types).
     pub fn block_len(self) -> usize {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 | DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::F64 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 | DType::MXFP4 => 32,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K | DType::IQ2_XXS => 256,
+            DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::F64 => 1,
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q8_1
+            | DType::MXFP4 => 32,
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ2_XXS => 256,
         }
     }
 
@@ -137,7 +156,7 @@ impl DType {
     /// Bytes of a row of `n` elements, or `None` when `n` is not a whole
     /// number of blocks or the size overflows.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        if n % self.block_len() != 0 {
+        if !n.is_multiple_of(self.block_len()) {
             return None;
         }
         (n / self.block_len()).checked_mul(self.block_bytes())

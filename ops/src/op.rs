@@ -156,7 +156,11 @@ pub struct OpNode {
 
 impl OpNode {
     pub fn new(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> Self {
-        Self { op, inputs, outputs }
+        Self {
+            op,
+            inputs,
+            outputs,
+        }
     }
 
     /// Exact byte ranges read and written. Most ops touch their tensors
@@ -164,7 +168,9 @@ impl OpNode {
     pub fn ranges(&self) -> (Vec<ByteRange>, Vec<ByteRange>) {
         let reads = self.inputs.iter().map(Tensor::range).collect();
         let writes = match (&self.op, self.outputs.first(), self.inputs.first()) {
-            (Op::SetRows { start, ring }, Some(dst), Some(src)) => set_rows_ranges(dst, src.rows(), *start, *ring),
+            (Op::SetRows { start, ring }, Some(dst), Some(src)) => {
+                set_rows_ranges(dst, src.rows(), *start, *ring)
+            }
             _ => self.outputs.iter().map(Tensor::range).collect(),
         };
         (reads, writes)

@@ -13,7 +13,11 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         if ins.len() != i || outs.len() != o {
             return Err(OpError::Param {
                 op: name,
-                message: format!("takes {i} inputs and {o} outputs, got {} and {}", ins.len(), outs.len()),
+                message: format!(
+                    "takes {i} inputs and {o} outputs, got {} and {}",
+                    ins.len(),
+                    outs.len()
+                ),
             });
         }
         Ok(())
@@ -25,7 +29,12 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             dtype(name, &ins[1], &[DType::I32])?;
             dtype(name, &outs[0], &[DType::F32])?;
             if outs[0].rows() != ins[1].shape.elements() || outs[0].cols() != ins[0].cols() {
-                return shape_err(format!("{} ids of a table with {} columns cannot fill {:?}", ins[1].shape.elements(), ins[0].cols(), outs[0].shape));
+                return shape_err(format!(
+                    "{} ids of a table with {} columns cannot fill {:?}",
+                    ins[1].shape.elements(),
+                    ins[0].cols(),
+                    outs[0].shape
+                ));
             }
         }
         Op::QuantizeRows => {
@@ -39,10 +48,16 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             dtype(name, y, &[DType::F32])?;
             let act = crate::quant::vec_dot_type(w.dtype);
             if x.dtype != DType::F32 && x.dtype != act {
-                return shape_err(format!("activations are {} but {} weights take f32 or {act}", x.dtype, w.dtype));
+                return shape_err(format!(
+                    "activations are {} but {} weights take f32 or {act}",
+                    x.dtype, w.dtype
+                ));
             }
             if x.cols() != w.cols() || y.rows() != x.rows() || y.cols() != w.rows() {
-                return shape_err(format!("x {:?} @ w {:?}^T cannot give {:?}", x.shape, w.shape, y.shape));
+                return shape_err(format!(
+                    "x {:?} @ w {:?}^T cannot give {:?}",
+                    x.shape, w.shape, y.shape
+                ));
             }
         }
         Op::RmsNorm { .. } => {
@@ -50,7 +65,11 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             same_shape(name, &ins[0], &outs[0])?;
             if ins[1].shape.elements() != ins[0].cols() {
-                return shape_err(format!("weight of {} elements for rows of {}", ins[1].shape.elements(), ins[0].cols()));
+                return shape_err(format!(
+                    "weight of {} elements for rows of {}",
+                    ins[1].shape.elements(),
+                    ins[0].cols()
+                ));
             }
         }
         Op::Add | Op::Mul => {
@@ -58,9 +77,13 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             same_shape(name, &ins[0], &outs[0])?;
             let b = &ins[1];
-            let broadcast = b.cols() == ins[0].cols() && (b.rows() == 1 || b.rows() == ins[0].rows());
+            let broadcast =
+                b.cols() == ins[0].cols() && (b.rows() == 1 || b.rows() == ins[0].rows());
             if !broadcast {
-                return shape_err(format!("cannot broadcast {:?} over {:?}", b.shape, ins[0].shape));
+                return shape_err(format!(
+                    "cannot broadcast {:?} over {:?}",
+                    b.shape, ins[0].shape
+                ));
             }
         }
         Op::Scale { .. } | Op::Softmax { .. } => {
@@ -73,11 +96,24 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &outs[0]])?;
             dtype(name, &ins[1], &[DType::I32])?;
             same_shape(name, &ins[0], &outs[0])?;
-            if p.head_dim == 0 || ins[0].cols() % p.head_dim != 0 || p.n_dims > p.head_dim || p.n_dims % 2 != 0 {
-                return shape_err(format!("rows of {} with head_dim {} and n_dims {}", ins[0].cols(), p.head_dim, p.n_dims));
+            if p.head_dim == 0
+                || ins[0].cols() % p.head_dim != 0
+                || p.n_dims > p.head_dim
+                || p.n_dims % 2 != 0
+            {
+                return shape_err(format!(
+                    "rows of {} with head_dim {} and n_dims {}",
+                    ins[0].cols(),
+                    p.head_dim,
+                    p.n_dims
+                ));
             }
             if ins[1].shape.elements() != ins[0].rows() {
-                return shape_err(format!("{} positions for {} rows", ins[1].shape.elements(), ins[0].rows()));
+                return shape_err(format!(
+                    "{} positions for {} rows",
+                    ins[1].shape.elements(),
+                    ins[0].rows()
+                ));
             }
         }
         Op::Attention(p) => {
@@ -88,10 +124,19 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             dtype(name, v, &[DType::F16, DType::F32])?;
             same_shape(name, q, o)?;
             if p.kv_heads == 0 || p.heads % p.kv_heads != 0 || q.cols() != p.heads * p.head_dim {
-                return shape_err(format!("{} heads over {} kv heads of {} for q rows of {}", p.heads, p.kv_heads, p.head_dim, q.cols()));
+                return shape_err(format!(
+                    "{} heads over {} kv heads of {} for q rows of {}",
+                    p.heads,
+                    p.kv_heads,
+                    p.head_dim,
+                    q.cols()
+                ));
             }
             if k.cols() != p.kv_heads * p.head_dim || v.shape != k.shape {
-                return shape_err(format!("k {:?} / v {:?} for {} kv heads of {}", k.shape, v.shape, p.kv_heads, p.head_dim));
+                return shape_err(format!(
+                    "k {:?} / v {:?} for {} kv heads of {}",
+                    k.shape, v.shape, p.kv_heads, p.head_dim
+                ));
             }
             let needed = match p.ring {
                 Some(r) => r as usize,
@@ -117,7 +162,12 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
                 None => *start as usize + src.rows(),
             };
             if src.cols() != dst.cols() || end > dst.rows() || ring == &Some(0) {
-                return shape_err(format!("{} rows of {} at {start} into {:?}", src.rows(), src.cols(), dst.shape));
+                return shape_err(format!(
+                    "{} rows of {} at {start} into {:?}",
+                    src.rows(),
+                    src.cols(),
+                    dst.shape
+                ));
             }
         }
         Op::Argmax => {
@@ -125,20 +175,31 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             dtype(name, &ins[0], &[DType::F32])?;
             dtype(name, &outs[0], &[DType::I32])?;
             if outs[0].shape.elements() != ins[0].rows() {
-                return shape_err(format!("{} outputs for {} rows", outs[0].shape.elements(), ins[0].rows()));
+                return shape_err(format!(
+                    "{} outputs for {} rows",
+                    outs[0].shape.elements(),
+                    ins[0].rows()
+                ));
             }
         }
         Op::Copy => {
             arity(1, 1)?;
             if !is_float(ins[0].dtype) || !is_float(outs[0].dtype) {
-                return shape_err(format!("copies float types, not {} -> {}", ins[0].dtype, outs[0].dtype));
+                return shape_err(format!(
+                    "copies float types, not {} -> {}",
+                    ins[0].dtype, outs[0].dtype
+                ));
             }
             same_elements(name, &ins[0], &outs[0])?;
         }
         Op::Write { data } => {
             arity(0, 1)?;
             if data.len() as u64 != outs[0].bytes() {
-                return shape_err(format!("{} bytes for a tensor of {}", data.len(), outs[0].bytes()));
+                return shape_err(format!(
+                    "{} bytes for a tensor of {}",
+                    data.len(),
+                    outs[0].bytes()
+                ));
             }
         }
     }
@@ -163,12 +224,18 @@ fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), OpError> {
     if a.shape.rows() == b.shape.rows() && a.cols() == b.cols() {
         return Ok(());
     }
-    Err(OpError::Shape(format!("`{op}`: {:?} and {:?} differ", a.shape, b.shape)))
+    Err(OpError::Shape(format!(
+        "`{op}`: {:?} and {:?} differ",
+        a.shape, b.shape
+    )))
 }
 
 fn same_elements(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(), OpError> {
     if a.shape.elements() == b.shape.elements() && a.cols() == b.cols() {
         return Ok(());
     }
-    Err(OpError::Shape(format!("`{op}`: {:?} and {:?} differ", a.shape, b.shape)))
+    Err(OpError::Shape(format!(
+        "`{op}`: {:?} and {:?} differ",
+        a.shape, b.shape
+    )))
 }

@@ -19,7 +19,11 @@ pub struct Shape {
 impl Shape {
     /// A shape from 1 to 4 dimensions.
     pub fn new(dims: &[usize]) -> Shape {
-        assert!((1..=4).contains(&dims.len()), "a shape has 1 to 4 dimensions, got {}", dims.len());
+        assert!(
+            (1..=4).contains(&dims.len()),
+            "a shape has 1 to 4 dimensions, got {}",
+            dims.len()
+        );
         let mut d = [1usize; 4];
         d[..dims.len()].copy_from_slice(dims);
         Shape {
@@ -77,7 +81,12 @@ pub struct Tensor {
 
 impl Tensor {
     /// A tensor, checking that rows are whole blocks of `dtype`.
-    pub fn new(buffer: BufferId, offset: u64, dtype: DType, shape: Shape) -> Result<Tensor, OpError> {
+    pub fn new(
+        buffer: BufferId,
+        offset: u64,
+        dtype: DType,
+        shape: Shape,
+    ) -> Result<Tensor, OpError> {
         let t = Tensor {
             buffer,
             offset,
@@ -89,15 +98,19 @@ impl Tensor {
     }
 
     fn checked_bytes(&self) -> Result<u64, OpError> {
-        let row = self.dtype.row_bytes(self.shape.cols()).ok_or_else(|| OpError::Shape(format!(
-            "a {} row of {} elements is not a whole number of {}-element blocks",
-            self.dtype,
-            self.shape.cols(),
-            self.dtype.block_len()
-        )))?;
+        let row = self.dtype.row_bytes(self.shape.cols()).ok_or_else(|| {
+            OpError::Shape(format!(
+                "a {} row of {} elements is not a whole number of {}-element blocks",
+                self.dtype,
+                self.shape.cols(),
+                self.dtype.block_len()
+            ))
+        })?;
         (row as u64)
             .checked_mul(self.shape.rows() as u64)
-            .ok_or_else(|| OpError::Shape(format!("tensor {} of {} overflows", self.shape, self.dtype)))
+            .ok_or_else(|| {
+                OpError::Shape(format!("tensor {} of {} overflows", self.shape, self.dtype))
+            })
     }
 
     /// Bytes of one row.
@@ -129,7 +142,10 @@ impl Tensor {
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor, OpError> {
         let t = Tensor::new(self.buffer, self.offset, self.dtype, Shape::new(dims))?;
         if t.bytes() != self.bytes() {
-            return Err(OpError::Shape(format!("cannot reshape {} to {:?}: sizes differ", self.shape, dims)));
+            return Err(OpError::Shape(format!(
+                "cannot reshape {} to {:?}: sizes differ",
+                self.shape, dims
+            )));
         }
         Ok(t)
     }
@@ -155,6 +171,10 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{:?}@{}+{}", self.dtype, self.shape, self.buffer, self.offset)
+        write!(
+            f,
+            "{}{:?}@{}+{}",
+            self.dtype, self.shape, self.buffer, self.offset
+        )
     }
 }

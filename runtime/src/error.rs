@@ -10,7 +10,11 @@ pub enum RuntimeError {
     Graph(#[from] GraphError),
     /// A node failed while its command buffer ran.
     #[error("[weft-runtime] node `{op}` ({label}) failed: {message}")]
-    Execution { op: &'static str, label: String, message: String },
+    Execution {
+        op: &'static str,
+        label: String,
+        message: String,
+    },
     /// Something the caller asked for cannot be done in this state.
     #[error("[weft-runtime] {0}")]
     Usage(String),
@@ -19,5 +23,8 @@ pub enum RuntimeError {
     OutOfMemory { bytes: u64, name: String },
     /// Encoding failed and draining what was submitted failed too.
     #[error("[weft-runtime] {first}; and while draining: {second}")]
-    Both { first: Box<RuntimeError>, second: Box<RuntimeError> },
+    Both {
+        first: Box<RuntimeError>,
+        second: Box<RuntimeError>,
+    },
 }

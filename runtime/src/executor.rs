@@ -14,6 +14,9 @@ use weft_graph::dump::BufferInfo;
 use weft_graph::BufferId;
 use weft_ops::{DType, Shape, Tensor};
 
+/// A tapped tensor: name, shape, values.
+pub type Tapped = (String, Vec<usize>, Vec<f32>);
+
 /// Where work runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -57,7 +60,10 @@ impl GraphExecutor {
     }
 
     /// An executor with `config`.
-    pub fn with_config(device: Device, config: ExecutorConfig) -> Result<GraphExecutor, RuntimeError> {
+    pub fn with_config(
+        device: Device,
+        config: ExecutorConfig,
+    ) -> Result<GraphExecutor, RuntimeError> {
         if config.threads == 0 {
             return Err(RuntimeError::Usage("threads must be at least 1".into()));
         }
@@ -97,13 +103,21 @@ impl GraphExecutor {
 
     /// A zeroed device buffer of `bytes` bytes that the pools never touch.
     pub fn alloc_buffer(&mut self, bytes: u64, name: &str) -> Result<BufferId, RuntimeError> {
-        let len = usize::try_from(bytes).map_err(|_| RuntimeError::OutOfMemory { bytes, name: name.into() })?;
+        let len = usize::try_from(bytes).map_err(|_| RuntimeError::OutOfMemory {
+            bytes,
+            name: name.into(),
+        })?;
         let storage = Storage::owned(len, name)?;
         Ok(self.insert(storage, name))
     }
 
     /// A persistent zeroed tensor in its own buffer.
-    pub fn alloc_tensor(&mut self, dtype: DType, dims: &[usize], name: &str) -> Result<Tensor, RuntimeError> {
+    pub fn alloc_tensor(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+        name: &str,
+    ) -> Result<Tensor, RuntimeError> {
         let t = Tensor::new(BufferId(0), 0, dtype, Shape::new(dims))?;
         let id = self.alloc_buffer(t.bytes(), name)?;
         Ok(Tensor { buffer: id, ..t })
@@ -138,7 +152,11 @@ impl GraphExecutor {
         self.buffers
             .get(id.0 as usize)
             .and_then(Option::as_ref)
-            .ok_or_else(|| RuntimeError::Usage(format!("buffer {id} does not exist (released or never allocated)")))
+            .ok_or_else(|| {
+                RuntimeError::Usage(format!(
+                    "buffer {id} does not exist (released or never allocated)"
+                ))
+            })
     }
 
     /// Size of a buffer in bytes.
@@ -184,7 +202,11 @@ impl GraphExecutor {
     /// A tensor's values as f32 (f32, f16, bf16 or quantized, converted).
     pub fn read_f32(&mut self, t: &Tensor) -> Result<Vec<f32>, RuntimeError> {
         let bytes = self.read_bytes(t)?;
-        Ok(weft_ops::reference::to_f32(&bytes, t.dtype, t.shape.elements())?)
+        Ok(weft_ops::reference::to_f32(
+            &bytes,
+            t.dtype,
+            t.shape.elements(),
+        )?)
     }
 
     /// An i32 tensor's values.
@@ -197,14 +219,26 @@ impl GraphExecutor {
         self.synchronize();
         let e = self.entry(t.buffer)?;
         if !e.storage.writable() {
-            return Err(RuntimeError::Usage(format!("buffer `{}` is read-only", e.name)));
+            return Err(RuntimeError::Usage(format!(
+                "buffer `{}` is read-only",
+                e.name
+            )));
         }
         if data.len() as u64 != t.bytes() || t.offset + t.bytes() > e.storage.len() as u64 {
-            return Err(RuntimeError::Usage(format!("{} bytes do not fit tensor {t:?}", data.len())));
+            return Err(RuntimeError::Usage(format!(
+                "{} bytes do not fit tensor {t:?}",
+                data.len()
+            )));
         }
         // SAFETY: no work is in flight (synchronized above), the storage is
         // owned and writable, and the range was checked against its length.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), e.storage.base().add(t.offset as usize), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                e.storage.base().add(t.offset as usize),
+                data.len(),
+            )
+        };
         Ok(())
     }
 
@@ -238,7 +272,11 @@ impl GraphExecutor {
     }
 
     /// A pooled tensor from the innermost scope.
-    pub(crate) fn pool_alloc(&mut self, dtype: DType, dims: &[usize]) -> Result<Tensor, RuntimeError> {
+    pub(crate) fn pool_alloc(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
         let t = Tensor::new(BufferId(0), 0, dtype, Shape::new(dims))?;
         let bytes = t.bytes();
         let id = match self.pools.take(bytes) {
@@ -264,7 +302,7 @@ impl GraphExecutor {
 
     /// The tapped tensors so far, as `(name, shape, values)`, in tap order;
     /// their buffers are released. Waits for in-flight work.
-    pub fn take_taps(&mut self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, RuntimeError> {
+    pub fn take_taps(&mut self) -> Result<Vec<Tapped>, RuntimeError> {
         let taps = match self.taps.as_mut() {
             Some(t) => std::mem::take(t),
             None => return Ok(Vec::new()),

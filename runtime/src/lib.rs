@@ -23,7 +23,7 @@ mod threadpool;
 pub use config::{ExecutorConfig, Fault};
 pub use counters::Counters;
 pub use error::RuntimeError;
-pub use executor::{Device, GraphExecutor};
+pub use executor::{Device, GraphExecutor, Tapped};
 pub use memory::HostBytes;
 pub use pool::{PoolScope, PoolStats};
 pub use session::{GraphSession, NodeTiming, SessionMode};

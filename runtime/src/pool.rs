@@ -90,11 +90,6 @@ impl Pools {
         Some(kind)
     }
 
-    /// Ends every open scope.
-    pub(crate) fn end_all(&mut self) {
-        while self.end().is_some() {}
-    }
-
     pub(crate) fn depth(&self) -> usize {
         self.scopes.len()
     }

@@ -99,10 +99,17 @@ impl<'e> GraphSession<'e> {
         if self.exec.taps.is_none() {
             return Ok(());
         }
-        let copy = self.exec.alloc_tensor(DType::F32, t.shape.dims(), &format!("tap.{name}"))?;
+        let copy = self
+            .exec
+            .alloc_tensor(DType::F32, t.shape.dims(), &format!("tap.{name}"))?;
         let node = OpNode::new(weft_ops::Op::Copy, vec![t], vec![copy]);
         let (reads, writes) = node.ranges();
-        self.record_with_ranges(node, format!("tap.{name}").into(), Some(reads), Some(writes))?;
+        self.record_with_ranges(
+            node,
+            format!("tap.{name}").into(),
+            Some(reads),
+            Some(writes),
+        )?;
         if let Some(taps) = self.exec.taps.as_mut() {
             taps.push((name.to_string(), copy));
         }
@@ -118,15 +125,26 @@ impl<'e> GraphSession<'e> {
     /// Ends the innermost scope opened in this session.
     pub fn end_pool_scope(&mut self) -> Result<PoolScope, RuntimeError> {
         if self.exec.pools.depth() <= self.scope_depth {
-            return Err(RuntimeError::Usage("end_pool_scope without a matching begin_pool_scope in this session".into()));
+            return Err(RuntimeError::Usage(
+                "end_pool_scope without a matching begin_pool_scope in this session".into(),
+            ));
         }
-        self.exec.pools.end().ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))
+        self.exec
+            .pools
+            .end()
+            .ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))
     }
 
     /// Records `node` with explicit ranges. `None` means "unknown": refused
     /// in a recorded session (naming the op and label); in an eager session
     /// the node gets a barrier before and after it.
-    pub fn record_with_ranges(&mut self, node: OpNode, label: Label, reads: Option<Vec<ByteRange>>, writes: Option<Vec<ByteRange>>) -> Result<(), RuntimeError> {
+    pub fn record_with_ranges(
+        &mut self,
+        node: OpNode,
+        label: Label,
+        reads: Option<Vec<ByteRange>>,
+        writes: Option<Vec<ByteRange>>,
+    ) -> Result<(), RuntimeError> {
         node.validate()?;
         let unknown = reads.is_none() || writes.is_none();
         let (reads, writes) = match (self.mode, unknown) {
@@ -152,22 +170,45 @@ impl<'e> GraphSession<'e> {
         for t in node.inputs.iter().chain(&node.outputs) {
             let e = self.exec.entry(t.buffer)?;
             if t.offset + t.bytes() > e.storage.len() as u64 {
-                return Err(OpError::Record(format!("`{}` ({}): tensor {t:?} runs past the end of buffer `{}` ({} bytes)", node.op.name(), graph_node.label, e.name, e.storage.len())).into());
+                return Err(OpError::Record(format!(
+                    "`{}` ({}): tensor {t:?} runs past the end of buffer `{}` ({} bytes)",
+                    node.op.name(),
+                    graph_node.label,
+                    e.name,
+                    e.storage.len()
+                ))
+                .into());
             }
         }
         for w in &graph_node.writes {
             let e = self.exec.entry(w.buffer)?;
             if !e.storage.writable() {
-                return Err(OpError::Record(format!("`{}` ({}) writes read-only buffer `{}`", node.op.name(), graph_node.label, e.name)).into());
+                return Err(OpError::Record(format!(
+                    "`{}` ({}) writes read-only buffer `{}`",
+                    node.op.name(),
+                    graph_node.label,
+                    e.name
+                ))
+                .into());
             }
         }
         let covered = |t: &Tensor, ranges: &[ByteRange]| {
             let r = t.range();
-            ranges.iter().any(|x| x.buffer == r.buffer && x.start <= r.start && r.end <= x.end)
+            ranges
+                .iter()
+                .any(|x| x.buffer == r.buffer && x.start <= r.start && r.end <= x.end)
         };
         let inputs_ok = node.inputs.iter().all(|t| covered(t, &graph_node.reads));
-        if !inputs_ok && self.mode == SessionMode::Recorded && !matches!(node.op, weft_ops::Op::Attention(_)) {
-            return Err(OpError::Record(format!("`{}` ({}): declared reads do not cover its inputs", node.op.name(), graph_node.label)).into());
+        if !inputs_ok
+            && self.mode == SessionMode::Recorded
+            && !matches!(node.op, weft_ops::Op::Attention(_))
+        {
+            return Err(OpError::Record(format!(
+                "`{}` ({}): declared reads do not cover its inputs",
+                node.op.name(),
+                graph_node.label
+            ))
+            .into());
         }
         Ok(())
     }
@@ -228,7 +269,9 @@ impl<'e> GraphSession<'e> {
         let cuts = cut(&self.nodes, &self.exec.config.cut);
         let s = match strategy {
             Some(st) => schedule(&self.nodes, &cuts, st),
-            None => schedule_by(&self.nodes, &cuts, |slice, range| baseline::recorded_order_levels_fenced(slice, &self.fences[range])),
+            None => schedule_by(&self.nodes, &cuts, |slice, range| {
+                baseline::recorded_order_levels_fenced(slice, &self.fences[range])
+            }),
         };
         if self.exec.config.check_schedules {
             checker::check(&self.nodes, &s)?;
@@ -242,7 +285,11 @@ impl<'e> GraphSession<'e> {
         }
     }
 
-    fn submit(mut self, strategy: Option<Strategy>, timed: bool) -> Result<(InFlight, Schedule), RuntimeError> {
+    fn submit(
+        mut self,
+        strategy: Option<Strategy>,
+        timed: bool,
+    ) -> Result<(InFlight, Schedule), RuntimeError> {
         let s = self.schedule(strategy)?;
         let payloads = std::mem::take(&mut self.payloads);
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
@@ -263,21 +310,38 @@ impl<'e> GraphSession<'e> {
         Ok((InFlight { jobs, counters }, s))
     }
 
-    fn prepare_job(&mut self, cb: &weft_graph::CommandBufferSchedule, payloads: &mut [Option<OpNode>], failed: &Arc<AtomicBool>, timed: bool) -> Result<Job, RuntimeError> {
+    fn prepare_job(
+        &mut self,
+        cb: &weft_graph::CommandBufferSchedule,
+        payloads: &mut [Option<OpNode>],
+        failed: &Arc<AtomicBool>,
+        timed: bool,
+    ) -> Result<Job, RuntimeError> {
         let threads = self.exec.threads();
         let mut keep = BTreeMap::new();
         let mut prepared = Vec::with_capacity(cb.order.len());
         for &i in &cb.order {
-            let node = payloads[i].take().ok_or_else(|| RuntimeError::Usage(format!("node {i} scheduled twice")))?;
+            let node = payloads[i]
+                .take()
+                .ok_or_else(|| RuntimeError::Usage(format!("node {i} scheduled twice")))?;
             let mut resolve = |t: &Tensor| -> Result<HostTensor, RuntimeError> {
                 let e = self.exec.entry(t.buffer)?;
-                keep.entry(t.buffer).or_insert_with(|| Arc::clone(&e.storage));
+                keep.entry(t.buffer)
+                    .or_insert_with(|| Arc::clone(&e.storage));
                 // SAFETY: the offset was checked against the buffer's length when recorded.
                 let ptr = unsafe { e.storage.base().add(t.offset as usize) };
                 Ok(HostTensor { ptr, tensor: *t })
             };
-            let ins = node.inputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
-            let outs = node.outputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            let ins = node
+                .inputs
+                .iter()
+                .map(&mut resolve)
+                .collect::<Result<Vec<_>, _>>()?;
+            let outs = node
+                .outputs
+                .iter()
+                .map(&mut resolve)
+                .collect::<Result<Vec<_>, _>>()?;
             let split = cpu::work_split(&node, threads);
             let label = self.nodes[i].label.clone();
             let fail = self.take_fault(&label);
@@ -294,11 +358,20 @@ impl<'e> GraphSession<'e> {
         let levels = (0..cb.level_count())
             .map(|l| Level::new(cb.level_starts[l]..cb.level_starts[l + 1], &prepared))
             .collect();
-        Ok(Job::new(prepared, levels, keep.into_values().collect(), Arc::clone(failed), timed, self.exec.epoch))
+        Ok(Job::new(
+            prepared,
+            levels,
+            keep.into_values().collect(),
+            Arc::clone(failed),
+            timed,
+            self.exec.epoch,
+        ))
     }
 
     fn take_fault(&mut self, label: &str) -> bool {
-        let Some(f) = &self.exec.config.fault else { return false };
+        let Some(f) = &self.exec.config.fault else {
+            return false;
+        };
         if !label.contains(f.label.as_str()) {
             return false;
         }
@@ -314,15 +387,18 @@ impl<'e> GraphSession<'e> {
 
 impl Recorder for GraphSession<'_> {
     fn alloc(&mut self, dtype: DType, dims: &[usize]) -> Result<Tensor, OpError> {
-        self.exec.pool_alloc(dtype, dims).map_err(|e| OpError::Record(e.to_string()))
+        self.exec
+            .pool_alloc(dtype, dims)
+            .map_err(|e| OpError::Record(e.to_string()))
     }
 
     fn record(&mut self, node: OpNode, label: Label) -> Result<(), OpError> {
         let (reads, writes) = node.ranges();
-        self.record_with_ranges(node, label, Some(reads), Some(writes)).map_err(|e| match e {
-            RuntimeError::Op(op) => op,
-            other => OpError::Record(other.to_string()),
-        })
+        self.record_with_ranges(node, label, Some(reads), Some(writes))
+            .map_err(|e| match e {
+                RuntimeError::Op(op) => op,
+                other => OpError::Record(other.to_string()),
+            })
     }
 }
 

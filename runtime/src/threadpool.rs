@@ -64,7 +64,6 @@ impl Level {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WorkEvent {
     pub node: usize,
-    pub thread: usize,
     pub start: Duration,
     pub end: Duration,
 }
@@ -89,7 +88,14 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    pub(crate) fn new(nodes: Vec<PreparedNode>, levels: Vec<Level>, keep_alive: Vec<Arc<Storage>>, commit_failed: Arc<AtomicBool>, timed: bool, epoch: Instant) -> Job {
+    pub(crate) fn new(
+        nodes: Vec<PreparedNode>,
+        levels: Vec<Level>,
+        keep_alive: Vec<Arc<Storage>>,
+        commit_failed: Arc<AtomicBool>,
+        timed: bool,
+        epoch: Instant,
+    ) -> Job {
         Job {
             nodes,
             levels,
@@ -198,7 +204,7 @@ impl LevelBarrier {
         while self.generation.load(Ordering::Acquire) == gen {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 && start.elapsed() > BARRIER_SPIN {
+            if spins.is_multiple_of(64) && start.elapsed() > BARRIER_SPIN {
                 break;
             }
         }
@@ -232,7 +238,10 @@ pub(crate) struct ThreadPool {
 }
 
 impl ThreadPool {
-    pub(crate) fn new(threads: usize, counters: Arc<LiveCounters>) -> Result<ThreadPool, RuntimeError> {
+    pub(crate) fn new(
+        threads: usize,
+        counters: Arc<LiveCounters>,
+    ) -> Result<ThreadPool, RuntimeError> {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             threads,
@@ -249,7 +258,9 @@ impl ThreadPool {
             let handle = std::thread::Builder::new()
                 .name(format!("weft-cpu-{index}"))
                 .spawn(move || worker(s, index))
-                .map_err(|e| RuntimeError::Usage(format!("cannot start CPU worker thread {index}: {e}")))?;
+                .map_err(|e| {
+                    RuntimeError::Usage(format!("cannot start CPU worker thread {index}: {e}"))
+                })?;
             workers.push(handle);
         }
         Ok(ThreadPool {
@@ -340,14 +351,17 @@ fn run_job(s: &Shared, job: &Job, index: usize) {
         if !skip {
             let nodes = job.nodes.len() as u64;
             LiveCounters::add(&s.counters.dispatches, nodes);
-            LiveCounters::add(&s.counters.barriers, job.levels.len().saturating_sub(1) as u64);
+            LiveCounters::add(
+                &s.counters.barriers,
+                job.levels.len().saturating_sub(1) as u64,
+            );
         }
         *lock(&job.finished) = Some(job.epoch.elapsed());
         job.complete();
     }
 }
 
-fn run_level(job: &Job, level: &Level, thread: usize, events: &mut Vec<WorkEvent>) {
+fn run_level(job: &Job, level: &Level, _thread: usize, events: &mut Vec<WorkEvent>) {
     let total = level.items();
     loop {
         let i = level.next.fetch_add(1, Ordering::Relaxed);
@@ -370,7 +384,6 @@ fn run_level(job: &Job, level: &Level, thread: usize, events: &mut Vec<WorkEvent
         if let Some(start) = start {
             events.push(WorkEvent {
                 node: node_index,
-                thread,
                 start,
                 end: job.epoch.elapsed(),
             });

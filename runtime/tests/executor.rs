@@ -31,13 +31,23 @@ struct RandomOp {
 }
 
 fn arb_op(buffers: usize) -> impl Strategy<Value = RandomOp> {
-    (0u8..6, 0..buffers, 0..buffers, 0..buffers, 1usize..12, 0..ROWS, 0..ROWS, 0..ROWS).prop_map(move |(kind, ba, bb, bo, rows, ra, rb, ro)| RandomOp {
-        kind,
-        a: (ba, ra.min(ROWS - rows)),
-        b: (bb, rb.min(ROWS - rows)),
-        out: (bo, ro.min(ROWS - rows)),
-        rows,
-    })
+    (
+        0u8..6,
+        0..buffers,
+        0..buffers,
+        0..buffers,
+        1usize..12,
+        0..ROWS,
+        0..ROWS,
+        0..ROWS,
+    )
+        .prop_map(move |(kind, ba, bb, bo, rows, ra, rb, ro)| RandomOp {
+            kind,
+            a: (ba, ra.min(ROWS - rows)),
+            b: (bb, rb.min(ROWS - rows)),
+            out: (bo, ro.min(ROWS - rows)),
+            rows,
+        })
 }
 
 fn view(buffers: &[Tensor], (b, r): (usize, usize), rows: usize) -> Tensor {
@@ -45,10 +55,24 @@ fn view(buffers: &[Tensor], (b, r): (usize, usize), rows: usize) -> Tensor {
 }
 
 /// Records the ops whose output does not overlap their own inputs.
-fn record(exec: &mut GraphExecutor, bufs: &[Tensor], weights: Tensor, ops: &[RandomOp], recorded: bool) -> (usize, usize) {
-    let mut s = if recorded { exec.begin_recorded() } else { exec.begin() };
+fn record(
+    exec: &mut GraphExecutor,
+    bufs: &[Tensor],
+    weights: Tensor,
+    ops: &[RandomOp],
+    recorded: bool,
+) -> (usize, usize) {
+    let mut s = if recorded {
+        exec.begin_recorded()
+    } else {
+        exec.begin()
+    };
     for (i, op) in ops.iter().enumerate() {
-        let (a, b, out) = (view(bufs, op.a, op.rows), view(bufs, op.b, op.rows), view(bufs, op.out, op.rows));
+        let (a, b, out) = (
+            view(bufs, op.a, op.rows),
+            view(bufs, op.b, op.rows),
+            view(bufs, op.out, op.rows),
+        );
         if out.range().overlaps(&a.range()) || out.range().overlaps(&b.range()) {
             continue;
         }
@@ -74,12 +98,20 @@ fn record(exec: &mut GraphExecutor, bufs: &[Tensor], weights: Tensor, ops: &[Ran
 
 fn run(ops: &[RandomOp], buffers: usize, threads: usize, recorded: bool) -> Vec<Vec<u8>> {
     let mut exec = executor(threads, true);
-    let bufs: Vec<Tensor> = (0..buffers).map(|i| exec.alloc_tensor(DType::F32, &[ROWS, COLS], &format!("b{i}")).unwrap()).collect();
+    let bufs: Vec<Tensor> = (0..buffers)
+        .map(|i| {
+            exec.alloc_tensor(DType::F32, &[ROWS, COLS], &format!("b{i}"))
+                .unwrap()
+        })
+        .collect();
     let weights = exec.alloc_tensor(DType::F32, &[COLS], "w").unwrap();
     let w: Vec<f32> = (0..COLS).map(|i| 0.5 + i as f32 / COLS as f32).collect();
-    exec.write_bytes(&weights, bytemuck::cast_slice(&w)).unwrap();
+    exec.write_bytes(&weights, bytemuck::cast_slice(&w))
+        .unwrap();
     for (k, t) in bufs.iter().enumerate() {
-        let v: Vec<f32> = (0..ROWS * COLS).map(|i| ((i * 7 + k * 13) % 29) as f32 / 10.0 - 1.4).collect();
+        let v: Vec<f32> = (0..ROWS * COLS)
+            .map(|i| ((i * 7 + k * 13) % 29) as f32 / 10.0 - 1.4)
+            .collect();
         exec.write_bytes(t, bytemuck::cast_slice(&v)).unwrap();
     }
     record(&mut exec, &bufs, weights, ops, recorded);
@@ -104,14 +136,34 @@ fn missing_ranges_are_refused_with_op_and_label() {
     let y = exec.alloc_tensor(DType::F32, &[4, 8], "y").unwrap();
     let node = OpNode::new(Op::Scale { factor: 2.0 }, vec![x], vec![y]);
     let mut s = exec.begin_recorded();
-    let err = s.record_with_ranges(node.clone(), "blk.7.attn_scale".into(), None, Some(vec![y.range()])).unwrap_err().to_string();
-    assert!(err.contains("scale") && err.contains("blk.7.attn_scale"), "{err}");
-    let err = s.record_with_ranges(node.clone(), "blk.7.other".into(), Some(vec![x.range()]), None).unwrap_err().to_string();
+    let err = s
+        .record_with_ranges(
+            node.clone(),
+            "blk.7.attn_scale".into(),
+            None,
+            Some(vec![y.range()]),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("scale") && err.contains("blk.7.attn_scale"),
+        "{err}"
+    );
+    let err = s
+        .record_with_ranges(
+            node.clone(),
+            "blk.7.other".into(),
+            Some(vec![x.range()]),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("blk.7.other"), "{err}");
     drop(s);
     // Eager sessions accept unknown ranges and fence the node.
     let mut s = exec.begin();
-    s.record_with_ranges(node, "fenced".into(), None, None).unwrap();
+    s.record_with_ranges(node, "fenced".into(), None, None)
+        .unwrap();
     s.finish().unwrap();
 }
 
@@ -123,12 +175,20 @@ fn declared_ranges_must_cover_inputs_and_stay_in_bounds() {
     let mut s = exec.begin_recorded();
     let short = ByteRange::new(x.buffer, 0, 16);
     let err = s
-        .record_with_ranges(OpNode::new(Op::Scale { factor: 2.0 }, vec![x], vec![y]), "short".into(), Some(vec![short]), Some(vec![y.range()]))
+        .record_with_ranges(
+            OpNode::new(Op::Scale { factor: 2.0 }, vec![x], vec![y]),
+            "short".into(),
+            Some(vec![short]),
+            Some(vec![y.range()]),
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("do not cover"), "{err}");
     let past = Tensor { offset: 64, ..x };
-    let err = s.push(Op::Scale { factor: 2.0 }, vec![past], vec![y], "past").unwrap_err().to_string();
+    let err = s
+        .push(Op::Scale { factor: 2.0 }, vec![past], vec![y], "past")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("past the end"), "{err}");
 }
 
@@ -178,7 +238,10 @@ fn commit_returns_before_drain_and_the_chain_reports_the_failing_label() {
         chain.push(s.commit().unwrap());
     }
     let err = chain.drain().unwrap_err().to_string();
-    assert!(err.contains("blk.2.silu") && err.contains("injected fault"), "{err}");
+    assert!(
+        err.contains("blk.2.silu") && err.contains("injected fault"),
+        "{err}"
+    );
     assert!(chain.is_empty());
 }
 

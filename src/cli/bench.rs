@@ -76,7 +76,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     let per = |c: Option<weft::runtime::Counters>, n: u32| {
-        c.map(|c| (c.barriers as f64 / n.max(1) as f64, c.command_buffers as f64 / n.max(1) as f64, c.dispatches as f64 / n.max(1) as f64))
+        c.map(|c| {
+            (
+                c.barriers as f64 / n.max(1) as f64,
+                c.command_buffers as f64 / n.max(1) as f64,
+                c.dispatches as f64 / n.max(1) as f64,
+            )
+        })
     };
     let tg_per = per(tg_counters, a.tg);
     let pp_per = per(pp_counters, a.pp);
@@ -101,9 +107,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
         });
         println!("{v}");
     } else {
-        println!("model: {} | backend: {} | threads: {}", model.name, exec.device(), exec.threads());
+        println!(
+            "model: {} | backend: {} | threads: {}",
+            model.name,
+            exec.device(),
+            exec.threads()
+        );
         if a.pp > 0 {
-            println!("pp{}: {pp:.1} tokens/s (median of {reps}); barriers per step {}", a.pp, pp_counters.map_or(0, |c| c.barriers));
+            println!(
+                "pp{}: {pp:.1} tokens/s (median of {reps}); barriers per step {}",
+                a.pp,
+                pp_counters.map_or(0, |c| c.barriers)
+            );
             let _ = pp_per;
         }
         if a.tg > 0 {

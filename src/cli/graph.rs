@@ -81,7 +81,9 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
         "skipped (over 20000 nodes; the checker is quadratic)"
     };
     let chain: usize = if nodes.len() <= 20_000 {
-        cuts.iter().map(|r| longest_conflict_chain(&nodes[r.clone()])).sum()
+        cuts.iter()
+            .map(|r| longest_conflict_chain(&nodes[r.clone()]))
+            .sum()
     } else {
         weft.levels()
     };

@@ -76,7 +76,8 @@ impl ModelArgs {
                 eprintln!("{msg}");
             }
         };
-        let path = weft::models::fetch::resolve_model(self.model.as_deref(), &mut progress).context("cannot obtain the model")?;
+        let path = weft::models::fetch::resolve_model(self.model.as_deref(), &mut progress)
+            .context("cannot obtain the model")?;
         if interactive {
             eprint!("\r\x1b[2K");
         }
@@ -102,7 +103,8 @@ impl ModelArgs {
     pub fn load(&self) -> Result<(GraphExecutor, Model)> {
         let path = self.model_path()?;
         let mut exec = self.executor()?;
-        let model = Model::load(&path, &mut exec).with_context(|| format!("cannot load {}", path.display()))?;
+        let model = Model::load(&path, &mut exec)
+            .with_context(|| format!("cannot load {}", path.display()))?;
         Ok((exec, model))
     }
 }

@@ -21,7 +21,8 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
     let (mut exec, model) = a.model.load()?;
     let tokens = model.tokenizer.encode(&text);
     let quiet = a.json;
@@ -30,11 +31,15 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             eprintln!("[{chunk}] {ppl:.4}");
         }
     };
-    let p = weft::models::eval::perplexity(&model, &mut exec, &tokens, a.ctx as usize, &mut progress)?;
+    let p =
+        weft::models::eval::perplexity(&model, &mut exec, &tokens, a.ctx as usize, &mut progress)?;
     if a.json {
         println!("{}", serde_json::to_string(&p)?);
     } else {
-        println!("perplexity: {:.4} over {} chunks of {} tokens", p.ppl, p.chunks, a.ctx);
+        println!(
+            "perplexity: {:.4} over {} chunks of {} tokens",
+            p.ppl, p.chunks, a.ctx
+        );
     }
     Ok(())
 }

@@ -68,7 +68,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let policy = model.chunk_policy();
     let mut cache = model.new_cache(&mut exec, ctx, policy.max_chunk())?;
-    let seed = a.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
     let mut sampler = Sampler::new(SamplingParams {
         temperature: a.temp,
         top_k: a.top_k,
@@ -79,7 +83,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         ..Default::default()
     });
     let t0 = Instant::now();
-    let mut logits = model.prefill(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last).context("prefill failed")?;
+    let mut logits = model
+        .prefill(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last)
+        .context("prefill failed")?;
     let prompt_time = t0.elapsed();
     let mut history = prompt.clone();
     let mut generated = Vec::new();
@@ -100,11 +106,16 @@ pub fn run(a: RunArgs) -> Result<()> {
             out.write_all(piece.as_bytes())?;
             out.flush()?;
         }
-        if a.stop.iter().any(|s| !s.is_empty() && text.ends_with(s.as_str())) {
+        if a.stop
+            .iter()
+            .any(|s| !s.is_empty() && text.ends_with(s.as_str()))
+        {
             break;
         }
         if i + 1 < a.n {
-            logits = model.step(&mut exec, &mut cache, &[tok], LogitRows::Last).context("decode step failed")?;
+            logits = model
+                .step(&mut exec, &mut cache, &[tok], LogitRows::Last)
+                .context("decode step failed")?;
         }
     }
     let gen_time = t1.elapsed();

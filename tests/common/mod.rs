@@ -13,15 +13,20 @@ pub fn reference_dir() -> PathBuf {
 
 pub fn reference_json(name: &str) -> serde_json::Value {
     let path = reference_dir().join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("reference json")
 }
 
 /// The full last-position logits of reference case `i`.
 pub fn reference_logits(i: usize) -> Vec<f32> {
     let path = reference_dir().join(format!("smollm2_logits/logits_last_p{i}.f32"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    let bytes =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 pub struct Setup {
@@ -32,7 +37,10 @@ pub struct Setup {
 /// The default model on a CPU executor, or `None` (with a message) when it
 /// cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
 pub fn load_smollm2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
-    let path = match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
+    let path = match weft::models::fetch::ensure(
+        &weft::models::fetch::SMOLLM2_135M_Q4_1,
+        &mut |_| {},
+    ) {
         Ok(p) => p,
         Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
             eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");

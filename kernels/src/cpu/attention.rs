@@ -77,7 +77,10 @@ impl Ctx<'_> {
             let src = std::slice::from_raw_parts((t.ptr as *const f16).add(offset), d);
             half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, out);
         } else {
-            out.copy_from_slice(std::slice::from_raw_parts((t.ptr as *const f32).add(offset), d));
+            out.copy_from_slice(std::slice::from_raw_parts(
+                (t.ptr as *const f32).add(offset),
+                d,
+            ));
         }
     }
 
@@ -105,7 +108,14 @@ struct Partial {
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, out: &HostTensor, p: &AttentionParams, units: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn attention(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    out: &HostTensor,
+    p: &AttentionParams,
+    units: Range<usize>,
+) -> Result<(), OpError> {
     let n = q.tensor.rows();
     let end = p.q_position as usize + n;
     let cells = match p.ring {
@@ -121,7 +131,11 @@ pub(super) unsafe fn attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, o
         kv_stride: k.tensor.cols(),
     };
     let padded = end.div_ceil(KV_PAD).max(1) * KV_PAD;
-    let capacity = if p.kv_capacity > 0 { p.kv_capacity as usize } else { k.tensor.rows() };
+    let capacity = if p.kv_capacity > 0 {
+        p.kv_capacity as usize
+    } else {
+        k.tensor.rows()
+    };
     let n_kv = padded.min(capacity);
     let qv = q.f32s();
     let o = out.ptr as *mut f32;
@@ -160,7 +174,13 @@ fn normalise(mut part: Partial) -> Vec<f32> {
 }
 
 /// llama.cpp's one-chunk kernel over `cells` for the query at `pos`.
-unsafe fn one_chunk(ctx: &Ctx<'_>, qrow: &[f32], h: usize, pos: usize, cells: Range<usize>) -> Partial {
+unsafe fn one_chunk(
+    ctx: &Ctx<'_>,
+    qrow: &[f32],
+    h: usize,
+    pos: usize,
+    cells: Range<usize>,
+) -> Partial {
     let p = ctx.p;
     let d = p.head_dim;
     let kvh = h / (p.heads / p.kv_heads);
@@ -204,9 +224,16 @@ unsafe fn one_chunk(ctx: &Ctx<'_>, qrow: &[f32], h: usize, pos: usize, cells: Ra
         s_sum = s_sum.mul_add(ms, vs);
     }
     if half_v {
-        acc32.iter_mut().zip(&acc16).for_each(|(a, x)| *a = x.to_f32());
+        acc32
+            .iter_mut()
+            .zip(&acc16)
+            .for_each(|(a, x)| *a = x.to_f32());
     }
-    Partial { m, s: s_sum, out: acc32 }
+    Partial {
+        m,
+        s: s_sum,
+        out: acc32,
+    }
 }
 
 /// llama.cpp's split-KV decode: one-chunk partials over equal slices of the
@@ -239,7 +266,12 @@ unsafe fn split_kv(ctx: &Ctx<'_>, qrow: &[f32], h: usize, n_kv: usize) -> Vec<f3
 }
 
 /// llama.cpp's tiled kernel for the query rows `rows` of head `h`.
-unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> &'q [f32], h: usize) -> Vec<Vec<f32>> {
+unsafe fn tiled<'q>(
+    ctx: &Ctx<'_>,
+    rows: Range<usize>,
+    qrow: &impl Fn(usize) -> &'q [f32],
+    h: usize,
+) -> Vec<Vec<f32>> {
     let p = ctx.p;
     let d = p.head_dim;
     let kvh = h / (p.heads / p.kv_heads);
@@ -256,7 +288,10 @@ unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> 
     for tile_start in (0..ctx.cells).step_by(TILE) {
         let tile = tile_start..(tile_start + TILE).min(ctx.cells);
         // A tile no row of the block sees is skipped (it would add nothing).
-        if !tile.clone().any(|c| positions.clone().any(|pos| ctx.visible(c, pos))) {
+        if !tile
+            .clone()
+            .any(|c| positions.clone().any(|pos| ctx.visible(c, pos)))
+        {
             continue;
         }
         keys_t.fill(0.0);
@@ -272,7 +307,11 @@ unsafe fn tiled<'q>(ctx: &Ctx<'_>, rows: Range<usize>, qrow: &impl Fn(usize) -> 
             scores64(qrow(t), &keys_t, &mut kq);
             for (j, s) in kq.iter_mut().enumerate() {
                 let c = tile.start + j;
-                *s = if j < tile.len() && ctx.visible(c, pos) { ctx.scaled(*s) } else { f32::NEG_INFINITY };
+                *s = if j < tile.len() && ctx.visible(c, pos) {
+                    ctx.scaled(*s)
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
             let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
             if tile_max == f32::NEG_INFINITY {

@@ -11,11 +11,21 @@ pub(super) fn split(x: &Tensor, threads: usize) -> WorkSplit {
 ///
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn binary(a: &HostTensor, b: &HostTensor, out: &HostTensor, rows: std::ops::Range<usize>, f: impl Fn(f32, f32) -> f32) -> Result<(), OpError> {
+pub(super) unsafe fn binary(
+    a: &HostTensor,
+    b: &HostTensor,
+    out: &HostTensor,
+    rows: std::ops::Range<usize>,
+    f: impl Fn(f32, f32) -> f32,
+) -> Result<(), OpError> {
     let cols = a.tensor.cols();
     let broadcast = b.tensor.rows() == 1;
     // `out` may alias `a` (an in-place residual add): only raw pointers here.
-    let (ap, bp, op) = (a.ptr as *const f32, b.ptr as *const f32, out.ptr as *mut f32);
+    let (ap, bp, op) = (
+        a.ptr as *const f32,
+        b.ptr as *const f32,
+        out.ptr as *mut f32,
+    );
     for r in rows {
         let brow = if broadcast { 0 } else { r * cols };
         for c in 0..cols {
@@ -29,12 +39,16 @@ pub(super) unsafe fn binary(a: &HostTensor, b: &HostTensor, out: &HostTensor, ro
 ///
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn scale(a: &HostTensor, out: &HostTensor, factor: f32, rows: std::ops::Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn scale(
+    a: &HostTensor,
+    out: &HostTensor,
+    factor: f32,
+    rows: std::ops::Range<usize>,
+) -> Result<(), OpError> {
     let cols = a.tensor.cols();
-    let av = a.f32s();
-    let o = out.ptr as *mut f32;
+    let (ap, op) = (a.ptr as *const f32, out.ptr as *mut f32);
     for i in rows.start * cols..rows.end * cols {
-        *o.add(i) = av[i] * factor;
+        *op.add(i) = *ap.add(i) * factor;
     }
     Ok(())
 }
@@ -43,7 +57,12 @@ pub(super) unsafe fn scale(a: &HostTensor, out: &HostTensor, factor: f32, rows: 
 ///
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn silu_mul(gate: &HostTensor, up: &HostTensor, out: &HostTensor, rows: std::ops::Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn silu_mul(
+    gate: &HostTensor,
+    up: &HostTensor,
+    out: &HostTensor,
+    rows: std::ops::Range<usize>,
+) -> Result<(), OpError> {
     let cols = gate.tensor.cols();
     let (g, u) = (gate.f32s(), up.f32s());
     let o = out.f32_rows_mut(rows.start, rows.len());

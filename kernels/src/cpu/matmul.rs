@@ -6,7 +6,15 @@ use weft_ops::{DType, OpError, Tensor};
 
 pub(super) fn supports(w: &Tensor) -> Result<(), OpError> {
     match w.dtype {
-        DType::F32 | DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K => Ok(()),
+        DType::F32
+        | DType::F16
+        | DType::BF16
+        | DType::Q4_0
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q8_0
+        | DType::Q4_K
+        | DType::Q6_K => Ok(()),
         other => Err(OpError::Unsupported {
             op: "matmul",
             what: format!("{other} weights on the CPU"),
@@ -29,6 +37,11 @@ pub(super) fn split(x: &Tensor, w: &Tensor, threads: usize) -> WorkSplit {
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn matmul(x: &HostTensor, w: &HostTensor, out: &HostTensor, rows: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn matmul(
+    x: &HostTensor,
+    w: &HostTensor,
+    out: &HostTensor,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
     super::quant::matmul_rows(x, w, out, rows)
 }

@@ -116,11 +116,20 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         Op::MatMul => matmul::split(&node.inputs[0], &node.inputs[1], threads),
         Op::Attention(p) => attention::split(node.inputs[0].rows(), p, threads),
         Op::Write { .. } => WorkSplit::new(1, 1),
-        Op::GetRows => WorkSplit::new(node.outputs[0].rows(), rows_per_item(node.outputs[0].rows(), threads)),
-        Op::SetRows { .. } | Op::Copy | Op::QuantizeRows | Op::RmsNorm { .. } | Op::Rope(_) | Op::Softmax { .. } | Op::Argmax => {
-            WorkSplit::new(rows, rows_per_item(rows, threads))
+        Op::GetRows => WorkSplit::new(
+            node.outputs[0].rows(),
+            rows_per_item(node.outputs[0].rows(), threads),
+        ),
+        Op::SetRows { .. }
+        | Op::Copy
+        | Op::QuantizeRows
+        | Op::RmsNorm { .. }
+        | Op::Rope(_)
+        | Op::Softmax { .. }
+        | Op::Argmax => WorkSplit::new(rows, rows_per_item(rows, threads)),
+        Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul => {
+            elementwise::split(&node.inputs[0], threads)
         }
-        Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul => elementwise::split(&node.inputs[0], threads),
     }
 }
 
@@ -134,7 +143,13 @@ fn rows_per_item(rows: usize, threads: usize) -> usize {
 /// `ins` and `outs` point at live memory holding `node`'s tensors, and no
 /// other thread writes the bytes this node reads or touches the bytes this
 /// piece writes while it runs.
-pub unsafe fn run_item(node: &OpNode, ins: &[HostTensor], outs: &[HostTensor], split: &WorkSplit, item: usize) -> Result<(), OpError> {
+pub unsafe fn run_item(
+    node: &OpNode,
+    ins: &[HostTensor],
+    outs: &[HostTensor],
+    split: &WorkSplit,
+    item: usize,
+) -> Result<(), OpError> {
     let units = split.range(item);
     if units.is_empty() {
         return Ok(());
@@ -168,7 +183,8 @@ pub unsafe fn run_item(node: &OpNode, ins: &[HostTensor], outs: &[HostTensor], s
         }
         Op::Copy => rows::copy(&ins[0], out, units),
         Op::Write { data } => {
-            out.row_bytes_mut(0, out.tensor.rows()).copy_from_slice(data);
+            out.row_bytes_mut(0, out.tensor.rows())
+                .copy_from_slice(data);
             Ok(())
         }
     }

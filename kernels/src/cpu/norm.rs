@@ -6,7 +6,13 @@ use super::HostTensor;
 ///
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn rms_norm(x: &HostTensor, w: &HostTensor, out: &HostTensor, eps: f32, rows: std::ops::Range<usize>) {
+pub(super) unsafe fn rms_norm(
+    x: &HostTensor,
+    w: &HostTensor,
+    out: &HostTensor,
+    eps: f32,
+    rows: std::ops::Range<usize>,
+) {
     let cols = x.tensor.cols();
     let (xv, wv) = (x.f32s(), w.f32s());
     let o = out.ptr as *mut f32;

@@ -30,16 +30,30 @@ pub fn angle_cache(p: &RopeParams, position: f32, cache: &mut Vec<(f32, f32)>) {
 
 fn corr_dims(p: &RopeParams) -> (f32, f32) {
     let n = p.n_dims as f32;
-    let dim = |rot: f32| n * (p.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * p.base.ln());
-    (dim(p.beta_fast).floor().max(0.0), dim(p.beta_slow).ceil().min(n - 1.0))
+    let dim = |rot: f32| {
+        n * (p.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * p.base.ln())
+    };
+    (
+        dim(p.beta_fast).floor().max(0.0),
+        dim(p.beta_slow).ceil().min(n - 1.0),
+    )
 }
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn rope(x: &HostTensor, positions: &HostTensor, out: &HostTensor, p: &RopeParams, rows: std::ops::Range<usize>) {
+pub(super) unsafe fn rope(
+    x: &HostTensor,
+    positions: &HostTensor,
+    out: &HostTensor,
+    p: &RopeParams,
+    rows: std::ops::Range<usize>,
+) {
     let cols = x.tensor.cols();
     let xv = x.f32s();
-    let pos = std::slice::from_raw_parts(positions.ptr as *const i32, positions.tensor.shape.elements());
+    let pos = std::slice::from_raw_parts(
+        positions.ptr as *const i32,
+        positions.tensor.shape.elements(),
+    );
     let o = out.ptr as *mut f32;
     let half = p.n_dims / 2;
     let mut cache = Vec::with_capacity(half);
@@ -60,8 +74,8 @@ pub(super) unsafe fn rope(x: &HostTensor, positions: &HostTensor, out: &HostTens
                 *dst.add(a) = x0.mul_add(c, -(x1 * s));
                 *dst.add(b) = x0.mul_add(s, x1 * c);
             }
-            for d in p.n_dims..p.head_dim {
-                *dst.add(d) = src[d];
+            for (d, x) in src.iter().enumerate().skip(p.n_dims) {
+                *dst.add(d) = *x;
             }
         }
     }

@@ -7,7 +7,15 @@ use weft_ops::{DType, OpError, Tensor};
 
 pub(super) fn supports_get_rows(table: &Tensor) -> Result<(), OpError> {
     match table.dtype {
-        DType::F32 | DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K => Ok(()),
+        DType::F32
+        | DType::F16
+        | DType::BF16
+        | DType::Q4_0
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q8_0
+        | DType::Q4_K
+        | DType::Q6_K => Ok(()),
         other => Err(OpError::Unsupported {
             op: "get_rows",
             what: format!("{other} tables on the CPU"),
@@ -27,7 +35,12 @@ pub(super) fn supports_quantize(out: &Tensor) -> Result<(), OpError> {
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn get_rows(table: &HostTensor, ids: &HostTensor, out: &HostTensor, rows: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn get_rows(
+    table: &HostTensor,
+    ids: &HostTensor,
+    out: &HostTensor,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
     let ids = std::slice::from_raw_parts(ids.ptr as *const i32, ids.tensor.shape.elements());
     let (t, row) = (table.tensor, table.tensor.row_bytes());
     let dst = out.f32_rows_mut(rows.start, rows.len());
@@ -56,21 +69,35 @@ fn convert_row(src: &[u8], dtype: DType, dst: &mut [f32]) -> Result<(), OpError>
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn quantize(x: &HostTensor, out: &HostTensor, rows: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn quantize(
+    x: &HostTensor,
+    out: &HostTensor,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
     let cols = x.tensor.cols();
     let xv = x.f32s();
     let dst = out.row_bytes_mut(rows.start, rows.len());
     let row = out.tensor.row_bytes();
     for (i, r) in rows.enumerate() {
         let src = &xv[r * cols..(r + 1) * cols];
-        super::quant::quantize_activations(out.tensor.dtype, src, &mut dst[i * row..(i + 1) * row])?;
+        super::quant::quantize_activations(
+            out.tensor.dtype,
+            src,
+            &mut dst[i * row..(i + 1) * row],
+        )?;
     }
     Ok(())
 }
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn set_rows(src: &HostTensor, dst: &HostTensor, start: u32, ring: Option<u32>, rows: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn set_rows(
+    src: &HostTensor,
+    dst: &HostTensor,
+    start: u32,
+    ring: Option<u32>,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
     let cols = src.tensor.cols();
     let sv = src.f32s();
     for r in rows {
@@ -84,7 +111,11 @@ pub(super) unsafe fn set_rows(src: &HostTensor, dst: &HostTensor, start: u32, ri
 
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn copy(src: &HostTensor, dst: &HostTensor, rows: Range<usize>) -> Result<(), OpError> {
+pub(super) unsafe fn copy(
+    src: &HostTensor,
+    dst: &HostTensor,
+    rows: Range<usize>,
+) -> Result<(), OpError> {
     let cols = src.tensor.cols();
     let srow = src.tensor.row_bytes();
     let mut tmp = vec![0f32; cols];

@@ -27,15 +27,10 @@ pub fn reduce16(x: &[f32; LANES]) -> f32 {
 }
 
 /// Folds ggml's four 16-lane accumulators (0+2, 1+3, then 0+1) and reduces.
-fn fold4(acc: &mut [[f32; LANES]; 4]) -> f32 {
-    for l in 0..LANES {
-        acc[0][l] += acc[2][l];
-        acc[1][l] += acc[3][l];
-    }
-    for l in 0..LANES {
-        acc[0][l] += acc[1][l];
-    }
-    reduce16(&acc[0])
+fn fold4(acc: &[[f32; LANES]; 4]) -> f32 {
+    let lanes: [f32; LANES] =
+        std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    reduce16(&lanes)
 }
 
 /// `sum(a[i] * b[i])` like ggml's `vec_dot_f32`/`vec_dot_f16`: fused
@@ -52,7 +47,7 @@ fn dot_ggml(n: usize, lane: impl Fn(usize) -> (f32, f32)) -> f32 {
             }
         }
     }
-    let mut sum = if body > 0 { fold4(&mut acc) as f64 } else { 0.0 };
+    let mut sum = if body > 0 { fold4(&acc) as f64 } else { 0.0 };
     for i in body..n {
         let (x, y) = lane(i);
         sum += (x * y) as f64;
@@ -129,11 +124,16 @@ pub fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
     let n = z - r;
-    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), (-n).mul_add(f32::from_bits(0x3f31_7200), x));
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
     let u = b * b;
     let p = f32::from_bits(0x3c07_2010).mul_add(b, f32::from_bits(0x3d2b_9f17));
     let q = f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb));
-    let j = p.mul_add(u, q).mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    let j = p
+        .mul_add(u, q)
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
@@ -153,7 +153,7 @@ fn scalef(j: f32, n: f32) -> f32 {
 /// `acc[d] = fma(p, v[d], acc[d])` for every d (one step of `simd_gemm`).
 pub fn axpy(acc: &mut [f32], p: f32, v: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() && acc.len() % LANES == 0 {
+    if avx512() && acc.len().is_multiple_of(LANES) {
         // SAFETY: AVX-512F is available; both slices hold acc.len() elements.
         return unsafe { x86::axpy(acc.as_mut_ptr(), p, v.as_ptr(), acc.len()) };
     }
@@ -252,7 +252,11 @@ mod x86 {
         let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
         let u = _mm512_mul_ps(b, b);
         let j = _mm512_fmadd_ps(
-            _mm512_fmadd_ps(_mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
             u,
             _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
         );
@@ -284,7 +288,10 @@ mod x86 {
         let mut i = 0;
         while i < n {
             let a = _mm512_loadu_ps(acc.add(i));
-            _mm512_storeu_ps(acc.add(i), _mm512_fmadd_ps(_mm512_loadu_ps(v.add(i)), pv, a));
+            _mm512_storeu_ps(
+                acc.add(i),
+                _mm512_fmadd_ps(_mm512_loadu_ps(v.add(i)), pv, a),
+            );
             i += 16;
         }
     }
@@ -310,12 +317,18 @@ mod tests {
 
     #[test]
     fn v_expf_vector_and_scalar_agree_and_track_exp() {
-        let xs: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.0517).chain([-200.0, 200.0, -88.0, 88.0, 0.0]).collect();
+        let xs: Vec<f32> = (0..4096)
+            .map(|i| (i as f32 - 2048.0) * 0.0517)
+            .chain([-200.0, 200.0, -88.0, 88.0, 0.0])
+            .collect();
         for &x in &xs {
             let e = v_expf(x);
             let want = (x as f64).exp();
             if want < 1e30 && want > 1e-30 {
-                assert!(((e as f64 - want) / want).abs() < 5e-7, "{x}: {e} vs {want}");
+                assert!(
+                    ((e as f64 - want) / want).abs() < 5e-7,
+                    "{x}: {e} vs {want}"
+                );
             }
         }
         let up = vec![1.0f32; xs.len()];
@@ -329,10 +342,17 @@ mod tests {
 
     #[test]
     fn f16_helpers_match_their_scalar_definitions() {
-        let a: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 37) % 101) as f32 / 50.0 - 1.0)).collect();
-        let b: Vec<f16> = (0..200).map(|i| f16::from_f32(((i * 53) % 97) as f32 / 40.0 - 1.2)).collect();
+        let a: Vec<f16> = (0..200)
+            .map(|i| f16::from_f32(((i * 37) % 101) as f32 / 50.0 - 1.0))
+            .collect();
+        let b: Vec<f16> = (0..200)
+            .map(|i| f16::from_f32(((i * 53) % 97) as f32 / 40.0 - 1.2))
+            .collect();
         for n in [64, 128, 130, 200] {
-            assert_eq!(dot_f16(&a[..n], &b[..n]).to_bits(), dot_ggml(n, |i| (a[i].to_f32(), b[i].to_f32())).to_bits());
+            assert_eq!(
+                dot_f16(&a[..n], &b[..n]).to_bits(),
+                dot_ggml(n, |i| (a[i].to_f32(), b[i].to_f32())).to_bits()
+            );
         }
         let mut y1 = a.clone();
         let mut y2 = a.clone();
@@ -342,7 +362,8 @@ mod tests {
         }
         assert_eq!(y1, y2);
         scale_f16(&mut y1, 0.71);
-        y2.iter_mut().for_each(|v| *v = f16::from_f32(v.to_f32() * 0.71));
+        y2.iter_mut()
+            .for_each(|v| *v = f16::from_f32(v.to_f32() * 0.71));
         assert_eq!(y1, y2);
     }
 }

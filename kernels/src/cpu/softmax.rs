@@ -6,7 +6,12 @@ use super::HostTensor;
 ///
 /// # Safety
 /// See [`super::run_item`].
-pub(super) unsafe fn softmax(x: &HostTensor, out: &HostTensor, scale: f32, rows: std::ops::Range<usize>) {
+pub(super) unsafe fn softmax(
+    x: &HostTensor,
+    out: &HostTensor,
+    scale: f32,
+    rows: std::ops::Range<usize>,
+) {
     let cols = x.tensor.cols();
     let xv = x.f32s();
     let o = out.f32_rows_mut(rows.start, rows.len());

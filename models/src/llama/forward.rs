@@ -13,14 +13,30 @@ use weft_runtime::{GraphSession, PoolScope};
 impl Llama {
     /// Records one step over `tokens` at `span` and returns the logits tensor
     /// (`[rows, vocab]`, rows per `logits`).
-    pub fn record_step(&self, s: &mut GraphSession<'_>, cache: &KvCache, span: &CacheSpan, tokens: &[u32], logits: LogitRows) -> Result<Tensor, ModelError> {
+    pub fn record_step(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        tokens: &[u32],
+        logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = tokens.len();
         if n != span.tokens as usize {
-            return Err(ModelError::Input(format!("{n} tokens for a span of {}", span.tokens)));
+            return Err(ModelError::Input(format!(
+                "{n} tokens for a span of {}",
+                span.tokens
+            )));
         }
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.token_embd.rows()) {
-            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary of {}", self.token_embd.rows())));
+        if let Some(bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.token_embd.rows())
+        {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.token_embd.rows()
+            )));
         }
         s.set_layer(None);
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
@@ -30,12 +46,20 @@ impl Llama {
         // The residual stream lives in the session's scope, outside the
         // per-layer scopes, and is updated in place.
         let mut x = s.get_rows(self.token_embd, ids, "token_embd")?;
-        let scope = if n == 1 { PoolScope::DecodeToken } else { PoolScope::PrefillLayer };
+        let scope = if n == 1 {
+            PoolScope::DecodeToken
+        } else {
+            PoolScope::PrefillLayer
+        };
         for (l, layer) in self.layers.iter().enumerate() {
             s.set_layer(Some(l as u32));
             s.begin_pool_scope(scope);
             // The last layer only needs the rows whose logits are wanted.
-            let keep_from = if l + 1 == c.layers { logits.first_row(span.start, n) } else { 0 };
+            let keep_from = if l + 1 == c.layers {
+                logits.first_row(span.start, n)
+            } else {
+                0
+            };
             x = self.record_layer(s, layer, l, x, positions, cache, span, keep_from)?;
             s.end_pool_scope()?;
         }
@@ -45,7 +69,17 @@ impl Llama {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_layer(&self, s: &mut GraphSession<'_>, w: &LlamaLayer, l: usize, x: Tensor, positions: Tensor, cache: &KvCache, span: &CacheSpan, keep_from: usize) -> Result<Tensor, ModelError> {
+    fn record_layer(
+        &self,
+        s: &mut GraphSession<'_>,
+        w: &LlamaLayer,
+        l: usize,
+        x: Tensor,
+        positions: Tensor,
+        cache: &KvCache,
+        span: &CacheSpan,
+        keep_from: usize,
+    ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = x.rows();
         let kv = cache.layer(l);

@@ -32,12 +32,24 @@ impl LlamaConfig {
         let hidden = file.require_u32(&key("embedding_length"))? as usize;
         let ffn = file.require_u32(&key("feed_forward_length"))? as usize;
         let heads = file.require_u32(&key("attention.head_count"))? as usize;
-        let kv_heads = file.get_u32(&key("attention.head_count_kv"))?.map_or(heads, |v| v as usize);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || hidden % heads != 0 {
-            return Err(ModelError::Shape(format!("{heads} heads over {kv_heads} kv heads with hidden size {hidden}")));
+        let kv_heads = file
+            .get_u32(&key("attention.head_count_kv"))?
+            .map_or(heads, |v| v as usize);
+        if heads == 0
+            || kv_heads == 0
+            || !heads.is_multiple_of(kv_heads)
+            || !hidden.is_multiple_of(heads)
+        {
+            return Err(ModelError::Shape(format!(
+                "{heads} heads over {kv_heads} kv heads with hidden size {hidden}"
+            )));
         }
-        let head_dim = file.get_u32(&key("attention.key_length"))?.map_or(hidden / heads, |v| v as usize);
-        let n_dims = file.get_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        let head_dim = file
+            .get_u32(&key("attention.key_length"))?
+            .map_or(hidden / heads, |v| v as usize);
+        let n_dims = file
+            .get_u32(&key("rope.dimension_count"))?
+            .map_or(head_dim, |v| v as usize);
         let base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
         let mut rope = RopeParams::plain(RopeMode::Normal, head_dim, n_dims, base);
         match file.get_str(&key("rope.scaling.type"))? {
@@ -50,18 +62,30 @@ impl LlamaConfig {
                 let factor = file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
                 rope.freq_scale = 1.0 / factor.max(f32::MIN_POSITIVE);
                 rope.ext_factor = 1.0;
-                rope.orig_ctx = file.get_u32(&key("rope.scaling.original_context_length"))?.unwrap_or(0);
+                rope.orig_ctx = file
+                    .get_u32(&key("rope.scaling.original_context_length"))?
+                    .unwrap_or(0);
             }
-            Some(other) => return Err(ModelError::Unsupported(format!("rope scaling type `{other}`"))),
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "rope scaling type `{other}`"
+                )))
+            }
         }
         if file.tensor("rope_freqs.weight").is_some() {
-            return Err(ModelError::Unsupported("per-dimension rope frequency factors (rope_freqs.weight, Llama 3.1 style)".into()));
+            return Err(ModelError::Unsupported(
+                "per-dimension rope frequency factors (rope_freqs.weight, Llama 3.1 style)".into(),
+            ));
         }
-        let rms_eps = file.get_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+        let rms_eps = file
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5);
         let context = file.get_u32(&key("context_length"))?.unwrap_or(2048);
         let vocab = match file.get_u32(&key("vocab_size"))? {
             Some(v) => v as usize,
-            None => file.get_str_array("tokenizer.ggml.tokens")?.map_or(0, |t| t.len()),
+            None => file
+                .get_str_array("tokenizer.ggml.tokens")?
+                .map_or(0, |t| t.len()),
         };
         Ok(LlamaConfig {
             layers,
@@ -112,11 +136,17 @@ impl Llama {
     pub fn load(weights: &WeightMap<'_>, arch: &str) -> Result<Llama, ModelError> {
         let c = LlamaConfig::from_gguf(weights.file(), arch)?;
         if weights.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
-            return Err(ModelError::Unsupported("mixture-of-experts Llama variants".into()));
+            return Err(ModelError::Unsupported(
+                "mixture-of-experts Llama variants".into(),
+            ));
         }
         let token_embd = weights.get("token_embd.weight")?;
         if token_embd.cols() != c.hidden {
-            return Err(ModelError::Shape(format!("token_embd.weight has {} columns, hidden size is {}", token_embd.cols(), c.hidden)));
+            return Err(ModelError::Shape(format!(
+                "token_embd.weight has {} columns, hidden size is {}",
+                token_embd.cols(),
+                c.hidden
+            )));
         }
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
@@ -132,9 +162,20 @@ impl Llama {
                 up: weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
                 down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
             };
-            for (n, t) in [("attn_q", layer.wq), ("attn_k", layer.wk), ("attn_v", layer.wv), ("attn_output", layer.wo), ("ffn_gate", layer.gate), ("ffn_up", layer.up), ("ffn_down", layer.down)] {
+            for (n, t) in [
+                ("attn_q", layer.wq),
+                ("attn_k", layer.wk),
+                ("attn_v", layer.wv),
+                ("attn_output", layer.wo),
+                ("ffn_gate", layer.gate),
+                ("ffn_up", layer.up),
+                ("ffn_down", layer.down),
+            ] {
                 if !is_supported_matrix(t.dtype) {
-                    return Err(ModelError::Unsupported(format!("blk.{l}.{n}.weight is {}", t.dtype)));
+                    return Err(ModelError::Unsupported(format!(
+                        "blk.{l}.{n}.weight is {}",
+                        t.dtype
+                    )));
                 }
             }
             layers.push(layer);

@@ -26,7 +26,13 @@ pub fn visible(q: usize, c: usize, window: Option<u32>) -> bool {
     c <= q && window.is_none_or(|w| q - c < w as usize)
 }
 
-pub(super) fn attention(mem: &HostMemory, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams) -> Result<Vec<u8>, OpError> {
+pub(super) fn attention(
+    mem: &HostMemory,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttentionParams,
+) -> Result<Vec<u8>, OpError> {
     let (qv, kv, vv) = (mem.to_f32(q)?, mem.to_f32(k)?, mem.to_f32(v)?);
     let (d, group) = (p.head_dim, p.heads / p.kv_heads);
     let kv_cols = k.cols();
@@ -39,12 +45,19 @@ pub(super) fn attention(mem: &HostMemory, q: &Tensor, k: &Tensor, v: &Tensor, p:
             let qh = &qv[t * q.cols() + h * d..][..d];
             let mut scores: Vec<(usize, f64)> = Vec::new();
             for slot in 0..k.rows() {
-                let Some(c) = slot_position(slot, end, p.ring) else { continue };
+                let Some(c) = slot_position(slot, end, p.ring) else {
+                    continue;
+                };
                 if !visible(pos, c, p.window) {
                     continue;
                 }
                 let kr = &kv[slot * kv_cols + kvh * d..][..d];
-                let mut s = qh.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * p.scale as f64;
+                let mut s = qh
+                    .iter()
+                    .zip(kr)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    * p.scale as f64;
                 if p.softcap > 0.0 {
                     s = p.softcap as f64 * (s / p.softcap as f64).tanh();
                 }

@@ -4,13 +4,26 @@ use super::{f32_bytes, HostMemory};
 use crate::tensor::Tensor;
 use crate::OpError;
 
-pub(super) fn binary(mem: &HostMemory, a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32) -> Result<Vec<u8>, OpError> {
+pub(super) fn binary(
+    mem: &HostMemory,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32,
+) -> Result<Vec<u8>, OpError> {
     let (x, y) = (mem.to_f32(a)?, mem.to_f32(b)?);
-    let out = x.iter().enumerate().map(|(i, &v)| f(v, y[i % y.len()])).collect();
+    let out = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| f(v, y[i % y.len()]))
+        .collect();
     Ok(f32_bytes(out))
 }
 
-pub(super) fn unary(mem: &HostMemory, a: &Tensor, f: impl Fn(f32) -> f32) -> Result<Vec<u8>, OpError> {
+pub(super) fn unary(
+    mem: &HostMemory,
+    a: &Tensor,
+    f: impl Fn(f32) -> f32,
+) -> Result<Vec<u8>, OpError> {
     Ok(f32_bytes(mem.to_f32(a)?.into_iter().map(f).collect()))
 }
 
@@ -19,7 +32,10 @@ pub(super) fn softmax(mem: &HostMemory, a: &Tensor, scale: f32) -> Result<Vec<u8
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(a.cols()) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(v * scale));
-        let e: Vec<f64> = row.iter().map(|v| ((v * scale - max) as f64).exp()).collect();
+        let e: Vec<f64> = row
+            .iter()
+            .map(|v| ((v * scale - max) as f64).exp())
+            .collect();
         let sum: f64 = e.iter().sum();
         out.extend(e.iter().map(|v| (v / sum) as f32));
     }

@@ -33,12 +33,21 @@ impl HostMemory {
     }
 
     /// A new buffer holding `t`'s shape and dtype, filled with `bytes`.
-    pub fn tensor(&mut self, dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, OpError> {
+    pub fn tensor(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+        bytes: &[u8],
+    ) -> Result<Tensor, OpError> {
         let id = self.alloc(bytes.len());
         self.buffers[id.0 as usize].copy_from_slice(bytes);
         let t = Tensor::new(id, 0, dtype, Shape::new(dims))?;
         if t.bytes() != bytes.len() as u64 {
-            return Err(OpError::Shape(format!("{} bytes for {:?} of {dtype}", bytes.len(), dims)));
+            return Err(OpError::Shape(format!(
+                "{} bytes for {:?} of {dtype}",
+                bytes.len(),
+                dims
+            )));
         }
         Ok(t)
     }
@@ -106,8 +115,14 @@ pub fn to_f32(bytes: &[u8], dtype: DType, n: usize) -> Result<Vec<f32>, OpError>
 pub fn from_f32(values: &[f32], dtype: DType) -> Result<Vec<u8>, OpError> {
     Ok(match dtype {
         DType::F32 => bytemuck::cast_slice(values).to_vec(),
-        DType::F16 => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-        DType::BF16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         other => {
             return Err(OpError::Unsupported {
                 op: "from_f32",
@@ -133,7 +148,9 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Rope(p) => rope::rope(mem, &ins[0], &ins[1], p)?,
         Op::Softmax { scale } => elementwise::softmax(mem, &ins[0], *scale)?,
         Op::Attention(p) => attention::attention(mem, &ins[0], &ins[1], &ins[2], p)?,
-        Op::SiluMul => elementwise::binary(mem, &ins[0], &ins[1], |g, u| g / (1.0 + (-g).exp()) * u)?,
+        Op::SiluMul => {
+            elementwise::binary(mem, &ins[0], &ins[1], |g, u| g / (1.0 + (-g).exp()) * u)?
+        }
         Op::SetRows { start, ring } => return rows::set_rows(mem, &ins[0], &out, *start, *ring),
         Op::Argmax => elementwise::argmax(mem, &ins[0])?,
         Op::Copy => from_f32(&mem.to_f32(&ins[0])?, out.dtype)?,

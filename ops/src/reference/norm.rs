@@ -4,13 +4,22 @@ use super::{f32_bytes, HostMemory};
 use crate::tensor::Tensor;
 use crate::OpError;
 
-pub(super) fn rms_norm(mem: &HostMemory, x: &Tensor, w: &Tensor, eps: f32) -> Result<Vec<u8>, OpError> {
+pub(super) fn rms_norm(
+    mem: &HostMemory,
+    x: &Tensor,
+    w: &Tensor,
+    eps: f32,
+) -> Result<Vec<u8>, OpError> {
     let (x, w) = (mem.to_f32(x)?, mem.to_f32(w)?);
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(w.len()) {
         let mean = row.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / row.len() as f64;
         let scale = 1.0 / (mean + eps as f64).sqrt();
-        out.extend(row.iter().zip(&w).map(|(v, g)| ((*v as f64 * scale) as f32) * g));
+        out.extend(
+            row.iter()
+                .zip(&w)
+                .map(|(v, g)| ((*v as f64 * scale) as f32) * g),
+        );
     }
     Ok(f32_bytes(out))
 }

@@ -31,13 +31,20 @@ pub fn rope_angles(p: &RopeParams, position: f32) -> Vec<(f32, f32)> {
 /// YaRN's correction range in rotated-pair units.
 fn yarn_corr_dims(p: &RopeParams) -> (f32, f32) {
     let n = p.n_dims as f32;
-    let dim = |rot: f32| n * (p.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * p.base.ln());
+    let dim = |rot: f32| {
+        n * (p.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * p.base.ln())
+    };
     let low = dim(p.beta_fast).floor().max(0.0);
     let high = dim(p.beta_slow).ceil().min(n - 1.0);
     (low, high)
 }
 
-pub(super) fn rope(mem: &HostMemory, x: &Tensor, pos: &Tensor, p: &RopeParams) -> Result<Vec<u8>, OpError> {
+pub(super) fn rope(
+    mem: &HostMemory,
+    x: &Tensor,
+    pos: &Tensor,
+    p: &RopeParams,
+) -> Result<Vec<u8>, OpError> {
     let mut v = mem.to_f32(x)?;
     let positions = mem.to_i32(pos);
     let half = p.n_dims / 2;

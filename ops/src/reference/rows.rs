@@ -26,13 +26,22 @@ pub(super) fn quantize(mem: &HostMemory, x: &Tensor, dtype: DType) -> Result<Vec
     let values = mem.to_f32(x)?;
     let row_bytes = dtype.row_bytes(x.cols()).unwrap_or(0);
     let mut out = vec![0u8; row_bytes * x.rows()];
-    for (src, dst) in values.chunks(x.cols()).zip(out.chunks_mut(row_bytes.max(1))) {
+    for (src, dst) in values
+        .chunks(x.cols())
+        .zip(out.chunks_mut(row_bytes.max(1)))
+    {
         crate::quant::quantize_row(dtype, src, dst)?;
     }
     Ok(out)
 }
 
-pub(super) fn set_rows(mem: &mut HostMemory, src: &Tensor, dst: &Tensor, start: u32, ring: Option<u32>) -> Result<(), OpError> {
+pub(super) fn set_rows(
+    mem: &mut HostMemory,
+    src: &Tensor,
+    dst: &Tensor,
+    start: u32,
+    ring: Option<u32>,
+) -> Result<(), OpError> {
     let values = mem.to_f32(src)?;
     let row = dst.row_bytes();
     for (i, chunk) in values.chunks(src.cols()).enumerate() {

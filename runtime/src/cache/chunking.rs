@@ -37,7 +37,11 @@ impl ChunkPolicy {
     pub fn for_model(window: Option<u32>, weight_bytes: u64) -> Self {
         Self {
             window,
-            multiplier: if weight_bytes >= LARGE_WEIGHTS_BYTES { 16 } else { 32 },
+            multiplier: if weight_bytes >= LARGE_WEIGHTS_BYTES {
+                16
+            } else {
+                32
+            },
             ..Self::default()
         }
     }
@@ -55,7 +59,10 @@ impl ChunkPolicy {
 
     /// Largest chunk this policy produces.
     pub fn max_chunk(&self) -> u32 {
-        self.window.unwrap_or(self.default_window).saturating_mul(self.multiplier).max(1)
+        self.window
+            .unwrap_or(self.default_window)
+            .saturating_mul(self.multiplier)
+            .max(1)
     }
 
     /// Size of the next chunk with `remaining` tokens left at `position`.
@@ -98,7 +105,10 @@ mod tests {
         assert_eq!(d.plan(32, 1024), vec![1; 32]);
         assert_eq!(d.plan(33, 1024), vec![33]);
         assert_eq!(d.plan(20, 0), vec![20]);
-        assert_eq!(ChunkPolicy::for_model(Some(512), 200_000_000_000).max_chunk(), 512 * 16);
+        assert_eq!(
+            ChunkPolicy::for_model(Some(512), 200_000_000_000).max_chunk(),
+            512 * 16
+        );
         assert_eq!(ChunkPolicy::for_model(None, 98_000_000).max_chunk(), 4096);
     }
 }

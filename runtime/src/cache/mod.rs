@@ -110,15 +110,27 @@ impl KvCache {
     /// Allocates the cache on `exec`'s device.
     pub fn new(exec: &mut GraphExecutor, config: CacheConfig) -> Result<KvCache, RuntimeError> {
         if config.context == 0 || config.max_chunk == 0 {
-            return Err(RuntimeError::Usage("a cache needs a context and a chunk size of at least one token".into()));
+            return Err(RuntimeError::Usage(
+                "a cache needs a context and a chunk size of at least one token".into(),
+            ));
         }
         let mut layers = Vec::with_capacity(config.layers.len());
         for (i, spec) in config.layers.iter().enumerate() {
             let rows = config.rows(spec) as usize;
-            let k = exec.alloc_tensor(config.dtype, &[rows, spec.width], &format!("cache.k.{i}"))?;
-            let v = exec.alloc_tensor(config.dtype, &[rows, spec.width], &format!("cache.v.{i}"))?;
-            let ring = spec.window.map(|_| rows as u32).filter(|&r| r < config.context);
-            layers.push(LayerCache { k, v, ring, window: spec.window });
+            let k =
+                exec.alloc_tensor(config.dtype, &[rows, spec.width], &format!("cache.k.{i}"))?;
+            let v =
+                exec.alloc_tensor(config.dtype, &[rows, spec.width], &format!("cache.v.{i}"))?;
+            let ring = spec
+                .window
+                .map(|_| rows as u32)
+                .filter(|&r| r < config.context);
+            layers.push(LayerCache {
+                k,
+                v,
+                ring,
+                window: spec.window,
+            });
         }
         Ok(KvCache {
             config,
@@ -164,10 +176,15 @@ impl KvCache {
     pub fn plan_prefill(&self, n: u32) -> Result<CacheSpan, RuntimeError> {
         self.refuse_if_poisoned("plan a prefill")?;
         if n == 0 {
-            return Err(RuntimeError::Usage("cannot plan a prefill of 0 tokens".into()));
+            return Err(RuntimeError::Usage(
+                "cannot plan a prefill of 0 tokens".into(),
+            ));
         }
         if n > self.config.max_chunk {
-            return Err(RuntimeError::Usage(format!("a step of {n} tokens exceeds the cache's chunk limit of {}", self.config.max_chunk)));
+            return Err(RuntimeError::Usage(format!(
+                "a step of {n} tokens exceeds the cache's chunk limit of {}",
+                self.config.max_chunk
+            )));
         }
         let end = self.position as u64 + n as u64;
         if end > self.config.context as u64 {
@@ -187,8 +204,12 @@ impl KvCache {
     /// Publishes a drained prefill of `n` tokens starting at `start`.
     pub fn commit_prefill(&mut self, start: u32, n: u32) -> Result<(), RuntimeError> {
         self.refuse_if_poisoned("commit")?;
-        if start != self.position || n == 0 || start as u64 + n as u64 > self.config.context as u64 {
-            let why = format!("commit of {n} tokens at {start} does not match the cache at position {}", self.position);
+        if start != self.position || n == 0 || start as u64 + n as u64 > self.config.context as u64
+        {
+            let why = format!(
+                "commit of {n} tokens at {start} does not match the cache at position {}",
+                self.position
+            );
             self.poison(&why);
             return Err(RuntimeError::Usage(why));
         }

@@ -30,7 +30,11 @@ impl CacheSpan {
                 rows: rows_written(start, tokens, l.ring),
             })
             .collect();
-        CacheSpan { start, tokens, layers }
+        CacheSpan {
+            start,
+            tokens,
+            layers,
+        }
     }
 
     /// Position after the step.
@@ -46,12 +50,12 @@ impl CacheSpan {
 
 fn rows_written(start: u32, tokens: u32, ring: Option<u32>) -> Vec<Range<u32>> {
     match ring {
-        None => vec![start..start + tokens],
+        None => std::iter::once(start..start + tokens).collect(),
         Some(r) => {
             let first = start % r;
             let n = tokens.min(r);
             if first + n <= r {
-                vec![first..first + n]
+                std::iter::once(first..first + n).collect()
             } else {
                 vec![first..r, 0..first + n - r]
             }
