@@ -1,5 +1,6 @@
 //! weft-runtime: devices and buffers, the executor and its sessions, command
-//! buffers and their submission, scoped buffer pools and (later) the KV cache.
+//! buffers and their submission, scoped buffer pools and the KV cache (transactions, cohorts, snapshots,
+//! checkpoints: see [`cache`]).
 //!
 //! The flow of one step: [`GraphExecutor::begin_recorded`] opens a
 //! [`GraphSession`]; model code records nodes through the builder API; the
@@ -25,6 +26,6 @@ pub use counters::Counters;
 pub use error::RuntimeError;
 pub use executor::{Device, GraphExecutor, Tapped};
 pub use memory::HostBytes;
-pub use pool::{PoolScope, PoolStats};
+pub use pool::{ExecutorScope, PoolScope, PoolStats, SessionScope};
 pub use session::{GraphSession, NodeTiming, SessionMode};
 pub use submission::{InFlight, SubmissionChain};

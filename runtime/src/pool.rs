@@ -7,8 +7,24 @@
 //! proves it). Reuse is safe across in-flight work because every write to a
 //! pooled buffer happens inside a command buffer, and command buffers run in
 //! submission order.
+//!
+//! Inside one recording, reuse could add conflicts the reorder pass must
+//! respect (a later scope writing a buffer an earlier one still reads). Scopes
+//! are per layer (or per token), and every node of layer `l + 1` already
+//! depends on layer `l` through the residual stream, so recycling at a layer
+//! boundary adds no barrier; `runtime/tests/pool_scopes.rs` measures it.
+//!
+//! Scopes are opened with guards that end them on drop
+//! ([`GraphSession::pool_scope`], [`GraphExecutor::pool_scope`]) or with the
+//! seed's bracket pairs (`begin_prefill_pool_layer` / `end_prefill_pool_layer`,
+//! `begin_decode_pool_token` / `end_decode_pool_token`, and the generic
+//! `begin_pool_scope` / `end_pool_scope`). Persistent buffers (layer state,
+//! the KV cache) come from `alloc_tensor` and bypass the pools;
+//! [`GraphExecutor::release_pool_scratch`] frees what the pools hold unused.
 
+use crate::{GraphExecutor, GraphSession, RuntimeError};
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use weft_graph::BufferId;
 
 /// Kinds of scope, as the seed runtime named them.
@@ -94,6 +110,18 @@ impl Pools {
         self.scopes.len()
     }
 
+    /// Kind of the innermost open scope.
+    pub(crate) fn innermost(&self) -> Option<PoolScope> {
+        self.scopes.last().map(|(kind, _)| *kind)
+    }
+
+    /// Ends scopes until `depth` remain.
+    pub(crate) fn end_to(&mut self, depth: usize) {
+        while self.scopes.len() > depth {
+            self.end();
+        }
+    }
+
     /// Forgets every free buffer, returning their ids so the executor can
     /// release their memory.
     pub(crate) fn release_free(&mut self) -> Vec<(BufferId, u64)> {
@@ -106,5 +134,118 @@ impl Pools {
             }
         }
         out
+    }
+}
+
+/// An open pool scope of a session; ends (recycling its buffers) when
+/// dropped. Records through it as through the session (it dereferences to
+/// it). Scopes opened inside it and still open end with it.
+pub struct SessionScope<'s, 'e> {
+    session: &'s mut GraphSession<'e>,
+    /// Scopes open below this one.
+    below: usize,
+}
+
+impl<'e> Deref for SessionScope<'_, 'e> {
+    type Target = GraphSession<'e>;
+    fn deref(&self) -> &GraphSession<'e> {
+        self.session
+    }
+}
+
+impl<'e> DerefMut for SessionScope<'_, 'e> {
+    fn deref_mut(&mut self) -> &mut GraphSession<'e> {
+        self.session
+    }
+}
+
+impl Drop for SessionScope<'_, '_> {
+    /// Ends this scope (and any still open inside it) through the session,
+    /// so the session's own bookkeeping sees every end.
+    fn drop(&mut self) {
+        while self.session.executor().pools.depth() > self.below {
+            if self.session.end_pool_scope().is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// An open pool scope of an executor, outside any session (for example
+/// host-written inputs shared by several sessions); ends on drop. It
+/// dereferences to the executor.
+pub struct ExecutorScope<'x> {
+    exec: &'x mut GraphExecutor,
+    below: usize,
+}
+
+impl Deref for ExecutorScope<'_> {
+    type Target = GraphExecutor;
+    fn deref(&self) -> &GraphExecutor {
+        self.exec
+    }
+}
+
+impl DerefMut for ExecutorScope<'_> {
+    fn deref_mut(&mut self) -> &mut GraphExecutor {
+        self.exec
+    }
+}
+
+impl Drop for ExecutorScope<'_> {
+    fn drop(&mut self) {
+        self.exec.pools.end_to(self.below);
+    }
+}
+
+impl<'e> GraphSession<'e> {
+    /// Opens a pool scope that ends when the returned guard drops.
+    pub fn pool_scope(&mut self, kind: PoolScope) -> SessionScope<'_, 'e> {
+        let below = self.executor().pools.depth();
+        self.begin_pool_scope(kind);
+        SessionScope {
+            session: self,
+            below,
+        }
+    }
+
+    /// The seed's bracket: opens a scope for one prefill layer (or group).
+    pub fn begin_prefill_pool_layer(&mut self) {
+        self.begin_pool_scope(PoolScope::PrefillLayer);
+    }
+
+    /// Ends the scope `begin_prefill_pool_layer` opened.
+    pub fn end_prefill_pool_layer(&mut self) -> Result<(), RuntimeError> {
+        self.end_kind(PoolScope::PrefillLayer)
+    }
+
+    /// The seed's bracket: opens a scope for one decode token.
+    pub fn begin_decode_pool_token(&mut self) {
+        self.begin_pool_scope(PoolScope::DecodeToken);
+    }
+
+    /// Ends the scope `begin_decode_pool_token` opened.
+    pub fn end_decode_pool_token(&mut self) -> Result<(), RuntimeError> {
+        self.end_kind(PoolScope::DecodeToken)
+    }
+
+    fn end_kind(&mut self, kind: PoolScope) -> Result<(), RuntimeError> {
+        match self.executor().pools.innermost() {
+            Some(open) if open == kind => self.end_pool_scope().map(|_| ()),
+            open => Err(RuntimeError::Usage(format!(
+                "pool: cannot end a {kind:?} scope: the innermost open scope is {open:?}; \
+                 end scopes in the reverse order they were begun (or use pool_scope() guards)"
+            ))),
+        }
+    }
+}
+
+impl GraphExecutor {
+    /// Opens a pool scope outside any session that ends when the returned
+    /// guard drops.
+    pub fn pool_scope(&mut self, kind: PoolScope) -> ExecutorScope<'_> {
+        let below = self.pools.depth();
+        self.pools.begin(kind);
+        ExecutorScope { exec: self, below }
     }
 }

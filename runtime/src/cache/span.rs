@@ -1,7 +1,7 @@
 //! What one step may write: start position, token count and, per layer, the
 //! rows (or ring slots) it fills.
 
-use super::LayerCache;
+use super::kv::LayerCache;
 use std::ops::Range;
 
 /// One layer's rows of a span.
@@ -48,7 +48,9 @@ impl CacheSpan {
     }
 }
 
-fn rows_written(start: u32, tokens: u32, ring: Option<u32>) -> Vec<Range<u32>> {
+/// Slot ranges (in position order) that positions `start..start + tokens`
+/// occupy: one range, or two when a ring wraps.
+pub(super) fn rows_written(start: u32, tokens: u32, ring: Option<u32>) -> Vec<Range<u32>> {
     match ring {
         None => std::iter::once(start..start + tokens).collect(),
         Some(r) => {
