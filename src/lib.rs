@@ -10,3 +10,6 @@ pub use weft_kernels as kernels;
 pub use weft_models as models;
 pub use weft_ops as ops;
 pub use weft_runtime as runtime;
+
+pub mod npy;
+pub mod settings;

@@ -12,7 +12,9 @@
 pub mod baseline;
 pub mod checker;
 pub mod cut;
+pub mod dot;
 pub mod dump;
+pub mod html;
 mod error;
 mod interval;
 pub mod node;

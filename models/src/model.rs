@@ -1,6 +1,7 @@
 //! A loaded model of any supported family, with its tokenizer, and the
 //! operations every front end needs: a cache, chunked prefill, decode steps.
 
+use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::llama::Llama;
 use crate::step::{run_step, LogitRows};
@@ -10,11 +11,18 @@ use crate::ModelError;
 use std::path::Path;
 use weft_ops::DType;
 use weft_runtime::cache::{CacheConfig, ChunkPolicy, KvCache, LayerSpec};
-use weft_runtime::GraphExecutor;
+use weft_ops::Tensor;
+use weft_runtime::cache::CacheSpan;
+use weft_runtime::{GraphExecutor, GraphSession};
+
+/// Called after each prefill chunk with the positions it covered.
+pub type AfterChunk<'a> = dyn FnMut(&mut GraphExecutor, std::ops::Range<u32>) -> Result<(), ModelError> + 'a;
 
 /// The architectures weft runs.
 pub enum Family {
     Llama(Llama),
+    /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
+    Gemma3(Gemma3),
 }
 
 /// A model ready to run on one executor.
@@ -36,9 +44,10 @@ impl Model {
         let weights = WeightMap::new(&file, exec);
         let family = match arch.as_str() {
             "llama" => Family::Llama(Llama::load(&weights, "llama")?),
+            "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama)"
+                    "architecture `{other}` (weft runs: llama, gemma3)"
                 )))
             }
         };
@@ -62,6 +71,7 @@ impl Model {
     pub fn trained_context(&self) -> u32 {
         match &self.family {
             Family::Llama(m) => m.config.context,
+            Family::Gemma3(m) => m.config.context,
         }
     }
 
@@ -69,6 +79,7 @@ impl Model {
     pub fn vocab(&self) -> usize {
         match &self.family {
             Family::Llama(m) => m.output.rows(),
+            Family::Gemma3(m) => m.output.rows(),
         }
     }
 
@@ -76,6 +87,7 @@ impl Model {
     pub fn layers(&self) -> usize {
         match &self.family {
             Family::Llama(m) => m.config.layers,
+            Family::Gemma3(m) => m.config.layers,
         }
     }
 
@@ -86,7 +98,11 @@ impl Model {
 
     /// The chunking policy the seed uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
-        ChunkPolicy::for_model(None, self.weight_bytes())
+        let window = match &self.family {
+            Family::Llama(_) => None,
+            Family::Gemma3(m) => m.config.window,
+        };
+        ChunkPolicy::for_model(window, self.weight_bytes())
     }
 
     /// The cache layout for `context` tokens.
@@ -99,6 +115,12 @@ impl Model {
                 };
                 m.config.layers
             ],
+            Family::Gemma3(m) => (0..m.config.layers)
+                .map(|l| LayerSpec {
+                    width: m.config.kv_width(),
+                    window: m.config.layer_window(l),
+                })
+                .collect(),
         };
         CacheConfig {
             layers,
@@ -131,10 +153,22 @@ impl Model {
         }
         let n =
             u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
+        run_step(exec, cache, n, |s, c, span| self.record(s, c, span, tokens, rows))
+    }
+
+    /// Records one step over `tokens` at `span` into `session` without
+    /// running it (diagnostics: graph dumps); returns the logits tensor.
+    pub fn record(
+        &self,
+        session: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        tokens: &[u32],
+        rows: LogitRows,
+    ) -> Result<Tensor, ModelError> {
         match &self.family {
-            Family::Llama(m) => run_step(exec, cache, n, |s, c, span| {
-                m.record_step(s, c, span, tokens, rows)
-            }),
+            Family::Llama(m) => m.record_step(session, cache, span, tokens, rows),
+            Family::Gemma3(m) => m.record_step(session, cache, span, tokens, rows),
         }
     }
 
@@ -147,6 +181,20 @@ impl Model {
         tokens: &[u32],
         policy: &ChunkPolicy,
         rows: LogitRows,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.prefill_with(exec, cache, tokens, policy, rows, &mut |_, _| Ok(()))
+    }
+
+    /// [`prefill`](Self::prefill), calling `after_chunk(exec, positions)`
+    /// after each chunk's transaction (diagnostics: tensor dumps, progress).
+    pub fn prefill_with(
+        &self,
+        exec: &mut GraphExecutor,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        policy: &ChunkPolicy,
+        rows: LogitRows,
+        after_chunk: &mut AfterChunk<'_>,
     ) -> Result<Vec<f32>, ModelError> {
         let needed = cache.position() as u64 + tokens.len() as u64;
         if needed > cache.config().context as u64 {
@@ -179,6 +227,7 @@ impl Model {
                     out.extend_from_slice(&logits[(returned - wanted) * vocab..]);
                 }
             }
+            after_chunk(exec, start..start + n as u32)?;
             done += n;
         }
         Ok(out)

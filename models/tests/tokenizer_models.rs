@@ -20,7 +20,16 @@ use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, ModelKind, TokenId, Tokenizer, Vocab};
 
-const REFERENCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference");
+/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the first
+/// `shared/reference` beside the workspace or one of its parents.
+fn reference_dir() -> String {
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return dir.to_string_lossy().into_owned();
+    }
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let found = root.ancestors().map(|a| a.join("shared/reference")).find(|p| p.is_dir());
+    found.unwrap_or_else(|| root.join("../../shared/reference")).to_string_lossy().into_owned()
+}
 const DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 /// A model's vocabulary and tokenizer.
@@ -77,7 +86,7 @@ fn ids(value: &Value) -> Vec<TokenId> {
 
 /// Prompt ids and greedy continuations of the reference file.
 fn check_reference(tokenizer: &Tokenizer, file: &str) {
-    let reference = read_json(&format!("{REFERENCE_DIR}/{file}"));
+    let reference = read_json(&format!("{}/{file}", reference_dir()));
     let cases = reference["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
     for case in cases {

@@ -24,6 +24,8 @@ pub struct ExecutorConfig {
     pub check_schedules: bool,
     /// Fault injection (tests).
     pub fault: Option<Fault>,
+    /// Print one line per command buffer (`WEFT_GRAPH_DIAG=1`).
+    pub graph_diag: bool,
 }
 
 impl Default for ExecutorConfig {
@@ -34,6 +36,7 @@ impl Default for ExecutorConfig {
             cut: CutPolicy::default(),
             check_schedules: cfg!(debug_assertions),
             fault: None,
+            graph_diag: false,
         }
     }
 }

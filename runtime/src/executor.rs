@@ -7,6 +7,7 @@ use crate::memory::{HostBytes, Storage};
 use crate::pool::{PoolScope, PoolStats, Pools};
 use crate::session::{GraphSession, SessionMode};
 use crate::threadpool::{Job, ThreadPool};
+use crate::trace::{Trace, TraceState};
 use crate::RuntimeError;
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,6 +52,8 @@ pub struct GraphExecutor {
     pub(crate) fault_seen: usize,
     /// Tensors copied out by `GraphSession::tap` while taps are on.
     pub(crate) taps: Option<Vec<(String, Tensor)>>,
+    /// Collected events while tracing.
+    pub(crate) trace: Option<TraceState>,
 }
 
 impl GraphExecutor {
@@ -80,6 +83,7 @@ impl GraphExecutor {
             epoch: Instant::now(),
             fault_seen: 0,
             taps: None,
+            trace: None,
         })
     }
 
@@ -288,6 +292,31 @@ impl GraphExecutor {
             }
         };
         Ok(Tensor { buffer: id, ..t })
+    }
+
+    /// Starts tracing: every command buffer runs timed and host-side
+    /// phases are noted, until [`take_trace`](Self::take_trace).
+    pub fn enable_trace(&mut self) {
+        self.trace.get_or_insert_with(TraceState::new);
+    }
+
+    /// True while tracing.
+    pub fn tracing(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// Everything traced so far (tracing stays on); waits for in-flight work.
+    pub fn take_trace(&mut self) -> Trace {
+        self.synchronize();
+        let threads = self.threads();
+        match self.trace.as_mut() {
+            Some(state) => {
+                let host = std::mem::take(&mut *state.host.lock().unwrap_or_else(|p| p.into_inner()));
+                let jobs = std::mem::take(&mut state.jobs);
+                Trace::build(host, &jobs, threads)
+            }
+            None => Trace::default(),
+        }
     }
 
     /// Starts collecting tapped tensors (see [`GraphSession::tap`]).

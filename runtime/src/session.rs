@@ -8,7 +8,9 @@ use crate::threadpool::{Job, Level, PreparedNode};
 use crate::RuntimeError;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
+use crate::trace::host_slice;
 use std::sync::Arc;
+use std::time::Instant;
 use weft_graph::cut::cut;
 use weft_graph::reorder::{schedule, schedule_by, Strategy};
 use weft_graph::{baseline, checker, ByteRange, Label, Node, Schedule};
@@ -46,6 +48,9 @@ pub struct GraphSession<'e> {
     layer: Option<u32>,
     fence_next: bool,
     scope_depth: usize,
+    /// When recording began, and open pool scopes (for traces).
+    started: Instant,
+    open_scopes: Vec<(PoolScope, Instant)>,
 }
 
 impl<'e> GraphSession<'e> {
@@ -60,6 +65,8 @@ impl<'e> GraphSession<'e> {
             layer: None,
             fence_next: false,
             scope_depth,
+            started: Instant::now(),
+            open_scopes: Vec::new(),
         }
     }
 
@@ -120,6 +127,7 @@ impl<'e> GraphSession<'e> {
     /// [`end_pool_scope`](Self::end_pool_scope) are recycled when it ends.
     pub fn begin_pool_scope(&mut self, kind: PoolScope) {
         self.exec.pools.begin(kind);
+        self.open_scopes.push((kind, Instant::now()));
     }
 
     /// Ends the innermost scope opened in this session.
@@ -129,10 +137,16 @@ impl<'e> GraphSession<'e> {
                 "end_pool_scope without a matching begin_pool_scope in this session".into(),
             ));
         }
-        self.exec
+        let kind = self
+            .exec
             .pools
             .end()
-            .ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))
+            .ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))?;
+        if let (Some((k, start)), Some(state)) = (self.open_scopes.pop(), &self.exec.trace) {
+            let args = serde_json::json!({"bytes_in_use": self.exec.pools.stats.in_use});
+            host_slice(&state.host, self.exec.epoch, start, &format!("pool scope {k:?}"), "pool", args);
+        }
+        Ok(kind)
     }
 
     /// Records `node` with explicit ranges. `None` means "unknown": refused
@@ -290,7 +304,12 @@ impl<'e> GraphSession<'e> {
         strategy: Option<Strategy>,
         timed: bool,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
+        let timed = timed || self.exec.trace.is_some();
+        let submit_start = Instant::now();
         let s = self.schedule(strategy)?;
+        if self.exec.config.graph_diag {
+            print_diag(&s);
+        }
         let payloads = std::mem::take(&mut self.payloads);
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         let failed = Arc::new(AtomicBool::new(false));
@@ -307,7 +326,24 @@ impl<'e> GraphSession<'e> {
         }
         self.exec.last_jobs = jobs.clone();
         self.end_scopes();
-        Ok((InFlight { jobs, counters }, s))
+        let trace = self.note_trace(&jobs, &s, submit_start);
+        Ok((InFlight { jobs, counters, trace }, s))
+    }
+
+    /// While tracing: host slices for recording and submission, and the
+    /// jobs kept for the trace.
+    fn note_trace(&mut self, jobs: &[Arc<Job>], s: &Schedule, submit_start: Instant) -> Option<(crate::trace::HostSink, Instant)> {
+        let epoch = self.exec.epoch;
+        let state = self.exec.trace.as_mut()?;
+        let record = serde_json::json!({"nodes": self.nodes.len()});
+        host_slice(&state.host, epoch, self.started, "record", "record", record);
+        let submit = serde_json::json!({"command_buffers": jobs.len(), "barriers": s.barriers(), "reordered": s.reordered()});
+        host_slice(&state.host, epoch, submit_start, "schedule + submit", "submit", submit);
+        for job in jobs {
+            state.jobs.push((state.next_cb, Arc::clone(job)));
+            state.next_cb += 1;
+        }
+        Some((Arc::clone(&state.host), epoch))
     }
 
     fn prepare_job(
@@ -435,4 +471,19 @@ fn collect_timings(jobs: &[Arc<Job>]) -> Vec<NodeTiming> {
         }
     }
     out
+}
+
+/// `WEFT_GRAPH_DIAG=1`: one line per command buffer.
+fn print_diag(s: &Schedule) {
+    for cb in &s.command_buffers {
+        let st = &cb.stats;
+        let layers = match (st.first_layer, st.last_layer) {
+            (Some(a), Some(b)) => format!("{a}..{b}"),
+            _ => "-".into(),
+        };
+        eprintln!(
+            "[graph] layers={layers} nodes={} levels={} barriers={} reordered={}",
+            st.nodes, st.levels, st.barriers, st.reordered
+        );
+    }
 }

@@ -7,19 +7,33 @@
 use crate::counters::LiveCounters;
 use crate::threadpool::Job;
 use crate::RuntimeError;
+use crate::trace::{host_slice, HostSink};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Command buffers of one commit, submitted and possibly still running.
 #[must_use = "in-flight work must be waited on (or pushed into a SubmissionChain)"]
 pub struct InFlight {
     pub(crate) jobs: Vec<Arc<Job>>,
     pub(crate) counters: Arc<LiveCounters>,
+    /// Where to note the drain when tracing.
+    pub(crate) trace: Option<(HostSink, Instant)>,
 }
 
 impl InFlight {
     /// Waits for every command buffer of the commit; the first failure wins.
     pub fn wait(self) -> Result<(), RuntimeError> {
         LiveCounters::add(&self.counters.waits, 1);
+        let start = Instant::now();
+        let result = self.wait_jobs();
+        if let Some((sink, epoch)) = &self.trace {
+            let args = serde_json::json!({"command_buffers": self.jobs.len(), "ok": result.is_ok()});
+            host_slice(sink, *epoch, start, "drain", "drain", args);
+        }
+        result
+    }
+
+    fn wait_jobs(&self) -> Result<(), RuntimeError> {
         let mut first = None;
         for job in &self.jobs {
             if let Err(e) = job.wait() {

@@ -64,6 +64,7 @@ impl Level {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WorkEvent {
     pub node: usize,
+    pub thread: usize,
     pub start: Duration,
     pub end: Duration,
 }
@@ -361,7 +362,7 @@ fn run_job(s: &Shared, job: &Job, index: usize) {
     }
 }
 
-fn run_level(job: &Job, level: &Level, _thread: usize, events: &mut Vec<WorkEvent>) {
+fn run_level(job: &Job, level: &Level, thread: usize, events: &mut Vec<WorkEvent>) {
     let total = level.items();
     loop {
         let i = level.next.fetch_add(1, Ordering::Relaxed);
@@ -384,6 +385,7 @@ fn run_level(job: &Job, level: &Level, _thread: usize, events: &mut Vec<WorkEven
         if let Some(start) = start {
             events.push(WorkEvent {
                 node: node_index,
+                thread,
                 start,
                 end: job.epoch.elapsed(),
             });

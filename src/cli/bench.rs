@@ -2,6 +2,7 @@
 //! llama-bench: pp = one batch of `pp` random tokens into an empty cache;
 //! tg = `tg` single-token decodes from an empty cache; medians over `reps`.
 
+use super::diagnostics::DiagArgs;
 use super::ModelArgs;
 use anyhow::Result;
 use clap::Args;
@@ -14,6 +15,8 @@ use weft::runtime::cache::ChunkPolicy;
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    diag: DiagArgs,
     /// Prompt tokens per prompt-processing run (0: skip).
     #[arg(long, default_value_t = 512)]
     pp: u32,
@@ -44,6 +47,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut rng = SplitMix64::new(0);
     let whole = ChunkPolicy::single(a.pp.max(1));
     let reps = a.reps.max(1);
+    let diag = a.diag.start(&mut exec)?;
     let (mut pp_tps, mut tg_tps) = (Vec::new(), Vec::new());
     let (mut pp_counters, mut tg_counters) = (None, None);
     // One warm-up of each, then the measured repetitions.
@@ -84,6 +88,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             )
         })
     };
+    diag.finish(&mut exec)?;
     let tg_per = per(tg_counters, a.tg);
     let pp_per = per(pp_counters, a.pp);
     let (pp, tg) = (median(&mut pp_tps), median(&mut tg_tps));

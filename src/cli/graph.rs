@@ -2,7 +2,9 @@
 //! weft's pass and the baselines, check it, print the figures.
 
 use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
+use super::ModelArgs;
+use clap::{Args, Subcommand, ValueEnum};
+use weft::models::LogitRows;
 use std::path::PathBuf;
 use std::time::Instant;
 use weft::graph::checker::{check, longest_conflict_chain};
@@ -15,6 +17,35 @@ use weft::graph::synth;
 pub enum GraphCommand {
     /// Schedule a synthetic recording (llama-shaped or random).
     Synth(SynthArgs),
+    /// Record one step of a real model, schedule it, and write it out.
+    Dump(DumpArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DumpFormat {
+    Json,
+    Dot,
+    Html,
+}
+
+#[derive(Args)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens in the step: 1 records a decode step, more a prefill step.
+    #[arg(long, default_value_t = 1)]
+    tokens: u32,
+    /// Cache position of the step (the cache is filled up to it first).
+    #[arg(long, default_value_t = 0)]
+    position: u32,
+    #[arg(long, value_enum, default_value_t = DumpFormat::Json)]
+    format: DumpFormat,
+    /// DOT only: show layers `a..b` and collapse the others.
+    #[arg(long)]
+    layers: Option<String>,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -49,6 +80,7 @@ pub struct SynthArgs {
 pub fn run(cmd: GraphCommand) -> Result<()> {
     match cmd {
         GraphCommand::Synth(a) => synth_cmd(a),
+        GraphCommand::Dump(a) => dump_cmd(a),
     }
 }
 
@@ -108,5 +140,54 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
     } else {
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
+    Ok(())
+}
+
+fn parse_layers(text: &str) -> Result<std::ops::Range<u32>> {
+    let parsed = text.split_once("..").and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
+    match parsed {
+        Some((a, b)) if a <= b => Ok(a..b + 1),
+        _ => bail!("--layers takes `a..b` (inclusive layer numbers, e.g. 0..2), not `{text}`"),
+    }
+}
+
+fn dump_cmd(a: DumpArgs) -> Result<()> {
+    anyhow::ensure!(a.tokens >= 1, "--tokens must be at least 1");
+    let layers = a.layers.as_deref().map(parse_layers).transpose()?;
+    let (mut exec, model) = a.model.load()?;
+    let context = a.position + a.tokens;
+    let mut cache = model.new_cache(&mut exec, context, context.max(a.tokens))?;
+    if a.position > 0 {
+        // Fill the cache up to the position with some text's tokens.
+        let filler: Vec<u32> = (0..a.position).map(|i| 100 + i % 1000).collect();
+        let policy = a.model.chunk_policy(&model)?;
+        model.prefill(&mut exec, &mut cache, &filler, &policy, LogitRows::Last)?;
+    }
+    let span = cache.plan_prefill(a.tokens)?;
+    let tokens: Vec<u32> = (0..a.tokens).map(|i| 200 + i % 1000).collect();
+    let mut session = exec.begin_recorded();
+    model.record(&mut session, &cache, &span, &tokens, LogitRows::Last)?;
+    let (nodes, schedule) = session.into_schedule()?;
+    check(&nodes, &schedule)?;
+    let dump = dump::build(&nodes, exec.buffer_infos(), &schedule);
+    let title = format!("{}: {} token(s) at position {}", model.name, a.tokens, a.position);
+    let text = match a.format {
+        DumpFormat::Json => serde_json::to_string(&dump)?,
+        DumpFormat::Dot => weft::graph::dot::render(&dump, layers),
+        DumpFormat::Html => weft::graph::html::render(&dump, &title),
+    };
+    std::fs::write(&a.out, text)?;
+    let cuts: Vec<_> = schedule.command_buffers.iter().map(|c| c.nodes.clone()).collect();
+    let recorded = weft::graph::reorder::schedule(&nodes, &cuts, Strategy::RecordedOrder).barriers();
+    let greedy = weft::graph::reorder::schedule(&nodes, &cuts, Strategy::GreedyWindow(64)).barriers();
+    eprintln!(
+        "{}: {} nodes, {} command buffer(s), {} barriers (recorded order {recorded}, greedy-64 {greedy}), {} reordered -> {}",
+        title,
+        nodes.len(),
+        schedule.command_buffers.len(),
+        schedule.barriers(),
+        schedule.reordered(),
+        a.out.display()
+    );
     Ok(())
 }

@@ -2,8 +2,11 @@
 //! resolution, executor settings). One file per subcommand.
 
 mod bench;
+mod diagnostics;
 mod graph;
 mod perplexity;
+mod prefill;
+mod progress;
 mod run;
 mod tokenize;
 
@@ -12,7 +15,9 @@ use clap::{Args, Parser, Subcommand};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use weft::models::Model;
+use weft::runtime::cache::ChunkPolicy;
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::settings::Settings;
 
 /// weft: an inference runtime built on recorded op graphs.
 #[derive(Parser)]
@@ -32,6 +37,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(bench::BenchArgs),
+    /// Scripted prefill benchmarks from a TOML file.
+    Prefill(prefill::PrefillArgs),
     /// Look at the reorder pass: synthetic graphs.
     #[command(subcommand)]
     Graph(graph::GraphCommand),
@@ -43,24 +50,28 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Prefill(a) => prefill::run(a),
         Command::Graph(g) => graph::run(g),
     }
 }
 
-/// Options shared by every command that runs a model.
+/// Options shared by every command that runs a model. Flags override the
+/// `WEFT_*` environment variables, which override the defaults.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// A GGUF file, or a known model name (smollm2-135m, gemma3-270m).
     /// Default: SmolLM2-135M-Instruct Q4_1, fetched on first use.
     #[arg(long)]
     pub model: Option<String>,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: `WEFT_THREADS`, else all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Layers per command buffer (default: all layers in one).
+    /// Layers per command buffer (default: `WEFT_LAYERS_PER_CB`, else all
+    /// layers in one).
     #[arg(long)]
     pub layers_per_cb: Option<u32>,
-    /// Run in recorded order instead of the reorder pass (diagnosis).
+    /// Run in recorded order instead of the reorder pass (diagnosis; also
+    /// `WEFT_REORDER=0`).
     #[arg(long)]
     pub no_reorder: bool,
 }
@@ -84,18 +95,31 @@ impl ModelArgs {
         Ok(path)
     }
 
+    /// Environment settings with these flags on top.
+    pub fn settings(&self) -> Result<Settings> {
+        let flags = Settings {
+            threads: self.threads,
+            reorder: self.no_reorder.then_some(false),
+            layers_per_cb: self.layers_per_cb,
+            ..Default::default()
+        };
+        Ok(Settings::from_env()?.overlay(&flags))
+    }
+
     /// An executor configured by these options.
     pub fn executor(&self) -> Result<GraphExecutor> {
+        let s = self.settings()?;
         let mut config = ExecutorConfig::default();
-        if let Some(t) = self.threads {
+        if let Some(t) = s.threads {
             anyhow::ensure!(t >= 1, "--threads must be at least 1");
             config.threads = t;
         }
-        config.reorder = !self.no_reorder;
-        if let Some(k) = self.layers_per_cb {
+        config.reorder = s.reorder.unwrap_or(true);
+        if let Some(k) = s.layers_per_cb {
             anyhow::ensure!(k >= 1, "--layers-per-cb must be at least 1");
             config.cut.layers_per_cb = Some(k);
         }
+        config.graph_diag = s.graph_diag.unwrap_or(false);
         Ok(GraphExecutor::with_config(Device::Cpu, config)?)
     }
 
@@ -106,5 +130,14 @@ impl ModelArgs {
         let model = Model::load(&path, &mut exec)
             .with_context(|| format!("cannot load {}", path.display()))?;
         Ok((exec, model))
+    }
+
+    /// The model's chunk policy, with `WEFT_PREFILL_WINDOWS` applied.
+    pub fn chunk_policy(&self, model: &Model) -> Result<ChunkPolicy> {
+        let mut p = model.chunk_policy();
+        if let Some(m) = self.settings()?.prefill_windows {
+            p.multiplier = m;
+        }
+        Ok(p)
     }
 }

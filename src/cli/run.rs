@@ -1,5 +1,6 @@
 //! `weft run`: generate from a prompt, streaming text (or ids / JSON).
 
+use super::diagnostics::DiagArgs;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -22,6 +23,8 @@ pub enum Format {
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    diag: DiagArgs,
     /// The prompt, as raw text (no chat template; BOS only if the model asks for it).
     #[arg(long, short = 'p')]
     prompt: String,
@@ -66,7 +69,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if needed > ctx as usize {
         bail!("the prompt ({} tokens) plus {} generated tokens exceed the context of {ctx} tokens (use --ctx or a smaller -n)", prompt.len(), a.n);
     }
-    let policy = model.chunk_policy();
+    let policy = a.model.chunk_policy(&model)?;
     let mut cache = model.new_cache(&mut exec, ctx, policy.max_chunk())?;
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -82,9 +85,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         seed,
         ..Default::default()
     });
+    let diag = a.diag.start(&mut exec)?;
     let t0 = Instant::now();
+    let mut after = |exec: &mut weft::runtime::GraphExecutor, pos: std::ops::Range<u32>| {
+        diag.after_step(exec, pos).map_err(|e| weft::models::ModelError::Input(e.to_string()))
+    };
     let mut logits = model
-        .prefill(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last)
+        .prefill_with(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last, &mut after)
         .context("prefill failed")?;
     let prompt_time = t0.elapsed();
     let mut history = prompt.clone();
@@ -113,12 +120,17 @@ pub fn run(a: RunArgs) -> Result<()> {
             break;
         }
         if i + 1 < a.n {
+            let pos = cache.position();
             logits = model
                 .step(&mut exec, &mut cache, &[tok], LogitRows::Last)
                 .context("decode step failed")?;
+            diag.after_step(&mut exec, pos..pos + 1)?;
         }
     }
     let gen_time = t1.elapsed();
+    drop(out);
+    diag.finish(&mut exec)?;
+    let mut out = std::io::stdout().lock();
     match a.format {
         Format::Text => writeln!(out)?,
         Format::Ids => writeln!(out, "{}", serde_json::to_string(&generated)?)?,

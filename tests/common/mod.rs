@@ -6,9 +6,18 @@ use std::path::PathBuf;
 use weft::models::Model;
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
-/// `../shared/reference/` relative to the workspace.
+/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the first
+/// `shared/reference` folder beside the workspace or one of its parents
+/// (the checkout sits next to `shared/`).
 pub fn reference_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/reference"))
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    root.ancestors()
+        .map(|a| a.join("shared/reference"))
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| root.join("../shared/reference"))
 }
 
 pub fn reference_json(name: &str) -> serde_json::Value {
@@ -56,5 +65,30 @@ pub fn load_smollm2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup>
     config.cut.layers_per_cb = layers_per_cb;
     let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
     let model = Model::load(&path, &mut exec).expect("load SmolLM2");
+    Some(Setup { exec, model })
+}
+
+/// Gemma 3 270M Q4_K_M on a CPU executor, or `None` (with a message) when
+/// it cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
+pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
+    let path = match weft::models::fetch::ensure(
+        &weft::models::fetch::GEMMA3_270M_Q4_K_M,
+        &mut |_| {},
+    ) {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+            eprintln!("skipping: the Gemma 3 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");
+            return None;
+        }
+        Err(e) => panic!("the Gemma 3 model is required: {e}"),
+    };
+    let mut config = ExecutorConfig {
+        threads,
+        check_schedules: true,
+        ..Default::default()
+    };
+    config.cut.layers_per_cb = layers_per_cb;
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&path, &mut exec).expect("load Gemma 3");
     Some(Setup { exec, model })
 }

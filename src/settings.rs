@@ -1,0 +1,150 @@
+//! Settings from the environment, parsed strictly.
+//!
+//! Precedence, lowest first: built-in defaults, then environment variables,
+//! then command-line flags (a flag always wins). A variable that is set but
+//! not valid UTF-8, out of range, or not one of the accepted values is an
+//! error naming the variable and what it accepts; nothing is ignored
+//! silently.
+
+use std::ffi::OsString;
+
+/// Knobs that can come from the environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `WEFT_THREADS`: worker threads, 1..=1024.
+    pub threads: Option<usize>,
+    /// `WEFT_REORDER`: 1 runs the reorder pass, 0 recorded order.
+    pub reorder: Option<bool>,
+    /// `WEFT_LAYERS_PER_CB`: layers per command buffer, 1..=4096.
+    pub layers_per_cb: Option<u32>,
+    /// `WEFT_PREFILL_WINDOWS`: prefill chunk size in windows, 1..=4096.
+    pub prefill_windows: Option<u32>,
+    /// `WEFT_GRAPH_DIAG`: 1 prints one line per command buffer.
+    pub graph_diag: Option<bool>,
+}
+
+/// A malformed setting.
+#[derive(Debug, thiserror::Error)]
+#[error("[weft settings] {var}={value:?} is not valid: {accepts}")]
+pub struct SettingsError {
+    pub var: &'static str,
+    pub value: String,
+    pub accepts: &'static str,
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Settings, SettingsError> {
+        Self::from_vars(|k| std::env::var_os(k))
+    }
+
+    /// Reads variables through `get` (testable without touching the environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<Settings, SettingsError> {
+        Ok(Settings {
+            threads: number(&get, "WEFT_THREADS", 1, 1024, "an integer from 1 to 1024")?,
+            reorder: flag(&get, "WEFT_REORDER")?,
+            layers_per_cb: number(&get, "WEFT_LAYERS_PER_CB", 1, 4096, "an integer from 1 to 4096")?,
+            prefill_windows: number(&get, "WEFT_PREFILL_WINDOWS", 1, 4096, "an integer from 1 to 4096")?,
+            graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
+        })
+    }
+
+    /// `self` with every setting `over` has replacing it.
+    pub fn overlay(self, over: &Settings) -> Settings {
+        Settings {
+            threads: over.threads.or(self.threads),
+            reorder: over.reorder.or(self.reorder),
+            layers_per_cb: over.layers_per_cb.or(self.layers_per_cb),
+            prefill_windows: over.prefill_windows.or(self.prefill_windows),
+            graph_diag: over.graph_diag.or(self.graph_diag),
+        }
+    }
+}
+
+fn text(get: &impl Fn(&str) -> Option<OsString>, var: &'static str, accepts: &'static str) -> Result<Option<String>, SettingsError> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => v.into_string().map(Some).map_err(|raw| SettingsError {
+            var,
+            value: raw.to_string_lossy().into_owned(),
+            accepts: if accepts.is_empty() { "valid UTF-8" } else { accepts },
+        }),
+    }
+}
+
+fn flag(get: &impl Fn(&str) -> Option<OsString>, var: &'static str) -> Result<Option<bool>, SettingsError> {
+    let accepts = "0 or 1";
+    match text(get, var, accepts)?.as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => Err(SettingsError {
+            var,
+            value: other.to_string(),
+            accepts,
+        }),
+    }
+}
+
+fn number<T: TryFrom<u64>>(get: &impl Fn(&str) -> Option<OsString>, var: &'static str, min: u64, max: u64, accepts: &'static str) -> Result<Option<T>, SettingsError> {
+    let Some(raw) = text(get, var, accepts)? else { return Ok(None) };
+    let bad = || SettingsError {
+        var,
+        value: raw.clone(),
+        accepts,
+    };
+    let n: u64 = raw.trim().parse().map_err(|_| bad())?;
+    if !(min..=max).contains(&n) {
+        return Err(bad());
+    }
+    T::try_from(n).map(Some).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = pairs.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn valid_values_parse_and_flags_win() {
+        let s = Settings::from_vars(vars(&[("WEFT_THREADS", "2"), ("WEFT_REORDER", "0"), ("WEFT_LAYERS_PER_CB", " 4 "), ("WEFT_GRAPH_DIAG", "1")])).unwrap();
+        assert_eq!(s.threads, Some(2));
+        assert_eq!(s.reorder, Some(false));
+        assert_eq!(s.layers_per_cb, Some(4));
+        assert_eq!(s.graph_diag, Some(true));
+        let flags = Settings {
+            threads: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(s.overlay(&flags).threads, Some(1));
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable_and_what_it_accepts() {
+        for (var, value, accepts) in [
+            ("WEFT_REORDER", "yes", "0 or 1"),
+            ("WEFT_THREADS", "0", "1 to 1024"),
+            ("WEFT_THREADS", "-3", "1 to 1024"),
+            ("WEFT_LAYERS_PER_CB", "many", "1 to 4096"),
+            ("WEFT_PREFILL_WINDOWS", "99999", "1 to 4096"),
+            ("WEFT_GRAPH_DIAG", "", "0 or 1"),
+        ] {
+            let e = Settings::from_vars(vars(&[(var, value)])).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(accepts), "{e}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_is_an_error() {
+        use std::os::unix::ffi::OsStringExt;
+        let get = |k: &str| (k == "WEFT_THREADS").then(|| OsString::from_vec(vec![0xff, 0x32]));
+        let e = Settings::from_vars(get).unwrap_err().to_string();
+        assert!(e.contains("WEFT_THREADS"), "{e}");
+    }
+}
