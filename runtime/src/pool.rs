@@ -241,6 +241,12 @@ impl<'e> GraphSession<'e> {
 }
 
 impl GraphExecutor {
+    /// Starts measuring `PoolStats::peak_in_use` afresh (from what is in use
+    /// now), e.g. to see one phase's peak (a decode step after a prefill).
+    pub fn reset_pool_peak(&mut self) {
+        self.pools.stats.peak_in_use = self.pools.stats.in_use;
+    }
+
     /// Opens a pool scope outside any session that ends when the returned
     /// guard drops.
     pub fn pool_scope(&mut self, kind: PoolScope) -> ExecutorScope<'_> {

@@ -132,7 +132,7 @@ fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
         }
         // The attention of lane 2 in layer 1 fails during step 2.
         exec.config_mut().fault = Some(Fault {
-            label: "blk.1.lane2.attn".into(),
+            label: "blk.1.lane2.attention".into(),
             after: 0,
         });
         let err = m
@@ -143,7 +143,7 @@ fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
                 |_, _| Ok(()),
             )
             .unwrap_err();
-        assert!(err.to_string().contains("blk.1.lane2.attn"), "{err}");
+        assert!(err.to_string().contains("blk.1.lane2.attention"), "{err}");
         // Later calls are refused, and say how to recover.
         assert_err_contains(cohort.plan_next_step(), &["poisoned", "reset()"]);
         let again = m.cohort_step(

@@ -254,11 +254,11 @@ fn fault_mid_decode_poisons_and_replay_is_exact() {
     m.decode_all(&mut exec, &mut cache, &decode[..6]).unwrap();
     // The windowed layer's attention fails in the next decode step.
     exec.config_mut().fault = Some(Fault {
-        label: "blk.1.attn".into(),
+        label: "blk.1.attention".into(),
         after: 0,
     });
     let err = m.decode(&mut exec, &mut cache, decode[6]).unwrap_err();
-    assert!(err.to_string().contains("blk.1.attn"), "{err}");
+    assert!(err.to_string().contains("blk.1.attention"), "{err}");
     assert_eq!(cache.position(), 19);
     assert!(cache.poisoned().unwrap().contains("position 19"));
     assert_err_contains(

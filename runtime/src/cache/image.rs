@@ -9,7 +9,10 @@
 //!
 //! Rows are stored by position, so an image can go back into a cache of the
 //! same layout whose ring (or context) differs, and a ring that wrapped is
-//! read and written as two contiguous slot runs.
+//! read and written as two contiguous slot runs. Continuing bit for bit
+//! needs the same ring size too: the CPU attention kernel accumulates in f16
+//! in slot order, and the ring size decides the slot order (another ring
+//! gives the same maths, rounded differently).
 
 use super::config::LayerSpec;
 use super::kv::{KvCache, LayerCache};
@@ -40,11 +43,7 @@ impl LayerRows {
 
     /// Number of positions held, given the bytes of one row.
     pub(crate) fn count(&self, row_bytes: u64) -> u64 {
-        if row_bytes == 0 {
-            0
-        } else {
-            self.k.len() as u64 / row_bytes
-        }
+        (self.k.len() as u64).checked_div(row_bytes).unwrap_or(0)
     }
 }
 

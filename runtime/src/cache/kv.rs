@@ -206,7 +206,7 @@ impl KvCache {
         if let Some(why) = &self.poisoned {
             return Some(format!("the cache is poisoned ({why})"));
         }
-        let fits = position as u64 + 1 <= self.config.context as u64;
+        let fits = position < self.config.context;
         (position != self.position || !fits).then(|| {
             format!(
                 "validation of a step at {position} failed: the cache is at position {} (context {})",

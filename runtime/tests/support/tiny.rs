@@ -467,7 +467,7 @@ fn record_attention(
         Op::Attention(params),
         vec![q, kview, vview],
         vec![out],
-        format!("{prefix}.attn"),
+        format!("{prefix}.attention"),
     )?;
     Ok(())
 }
