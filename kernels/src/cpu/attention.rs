@@ -16,7 +16,7 @@
 //! Sliding windows and rings are masks: a cell is skipped unless it holds a
 //! position the query may see.
 
-use super::simd::{axpy, dot_f16, mad_f16, reduce16, scale_f16, scores64, to_f16, v_expf};
+use super::simd::{accumulate, axpy, dot_f16, exp_tile64, mad_f16, scale_f16, scores64, to_f16};
 use super::{HostTensor, WorkSplit};
 use half::f16;
 use std::ops::Range;
@@ -63,6 +63,9 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn visible(&self, slot: usize, pos: usize) -> bool {
+        if self.p.ring.is_none() {
+            return slot <= pos && self.p.window.is_none_or(|w| pos - slot < w as usize);
+        }
         match slot_position(slot, self.end, self.p.ring) {
             Some(c) => c <= pos && self.p.window.is_none_or(|w| pos - c < w as usize),
             None => false,
@@ -87,6 +90,38 @@ impl Ctx<'_> {
     unsafe fn row_f16<'b>(&self, t: &HostTensor, slot: usize, kvh: usize) -> &'b [f16] {
         let offset = slot * self.kv_stride + kvh * self.p.head_dim;
         std::slice::from_raw_parts((t.ptr as *const f16).add(offset), self.p.head_dim)
+    }
+
+    /// Does any query in `positions` see a cell of `tile`?
+    fn tile_seen(&self, tile: Range<usize>, positions: Range<usize>) -> bool {
+        if self.p.ring.is_none() && !tile.is_empty() && !positions.is_empty() {
+            let (first, last) = (positions.start, positions.end - 1);
+            let newest_needed = tile.start <= last;
+            let oldest_needed = self
+                .p
+                .window
+                .is_none_or(|w| tile.end - 1 + w as usize > first);
+            return newest_needed && oldest_needed;
+        }
+        tile.clone()
+            .any(|c| positions.clone().any(|pos| self.visible(c, pos)))
+    }
+
+    /// Scores of a 64-wide tile: scaled (and capped) where the query at
+    /// `pos` sees the cell, `-inf` elsewhere and past the tile's end.
+    fn mask_and_scale(&self, kq: &mut [f32; TILE], tile: Range<usize>, pos: usize) {
+        let plain = self.p.ring.is_none();
+        let (lo, hi) = if plain {
+            let hi = (pos + 1).saturating_sub(tile.start).min(tile.len());
+            let oldest = self.p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+            (oldest.saturating_sub(tile.start).min(hi), hi)
+        } else {
+            (0, tile.len())
+        };
+        for (j, s) in kq.iter_mut().enumerate() {
+            let seen = j >= lo && j < hi && (plain || self.visible(tile.start + j, pos));
+            *s = if seen { self.scaled(*s) } else { f32::NEG_INFINITY };
+        }
     }
 
     /// Score scale and soft-cap as ggml applies them (scale pre-divided by the cap).
@@ -288,10 +323,7 @@ unsafe fn tiled<'q>(
     for tile_start in (0..ctx.cells).step_by(TILE) {
         let tile = tile_start..(tile_start + TILE).min(ctx.cells);
         // A tile no row of the block sees is skipped (it would add nothing).
-        if !tile
-            .clone()
-            .any(|c| positions.clone().any(|pos| ctx.visible(c, pos)))
-        {
+        if !ctx.tile_seen(tile.clone(), positions.clone()) {
             continue;
         }
         keys_t.fill(0.0);
@@ -305,14 +337,7 @@ unsafe fn tiled<'q>(
         for (i, t) in rows.clone().enumerate() {
             let pos = p.q_position as usize + t;
             scores64(qrow(t), &keys_t, &mut kq);
-            for (j, s) in kq.iter_mut().enumerate() {
-                let c = tile.start + j;
-                *s = if j < tile.len() && ctx.visible(c, pos) {
-                    ctx.scaled(*s)
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
+            ctx.mask_and_scale(&mut kq, tile.clone(), pos);
             let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
             if tile_max == f32::NEG_INFINITY {
                 continue;
@@ -324,19 +349,8 @@ unsafe fn tiled<'q>(
                 s[i] *= ms;
             }
             m[i] = m_new;
-            let mut sum = 0f64;
-            for chunk in kq.chunks_exact_mut(16) {
-                let mut lanes = [0f32; 16];
-                for (l, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
-                    *x = v_expf(*x - m_new);
-                    *l = *x;
-                }
-                sum += reduce16(&lanes) as f64;
-            }
-            s[i] = (s[i] as f64 + sum) as f32;
-            for (j, pj) in kq.iter().enumerate().take(tile.len()) {
-                axpy(&mut acc[i], *pj, &vals[j * d..(j + 1) * d]);
-            }
+            s[i] = (s[i] as f64 + exp_tile64(&mut kq, m_new)) as f32;
+            accumulate(&mut acc[i], &kq, &vals, tile.len());
         }
     }
     acc.into_iter()

@@ -12,8 +12,10 @@ use half::f16;
 const LANES: usize = 16;
 const STEP: usize = 4 * LANES;
 
+/// True when the AVX-512 paths run (decided once per process).
 fn avx512() -> bool {
-    cfg!(target_arch = "x86_64") && matches!(Isa::detect(), Ok(Isa::Avx512))
+    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX512.get_or_init(|| cfg!(target_arch = "x86_64") && matches!(Isa::detect(), Ok(Isa::Avx512)))
 }
 
 /// Sum of 16 lanes in `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
@@ -162,6 +164,22 @@ pub fn axpy(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
+/// `acc[d] = fma(p[j], v[j][d], acc[d])` for j in `0..keys`, in order: the
+/// value half of one `simd_gemm` tile row, with `acc` kept in registers.
+pub fn accumulate(acc: &mut [f32], p: &[f32], vals: &[f32], keys: usize) {
+    let d = acc.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx512() && d.is_multiple_of(LANES) && d <= 256 {
+        // SAFETY: AVX-512F is available; vals holds keys * d values, p holds keys.
+        return unsafe { x86::accumulate(acc.as_mut_ptr(), d, p.as_ptr(), vals.as_ptr(), keys) };
+    }
+    for j in 0..keys {
+        for (a, x) in acc.iter_mut().zip(&vals[j * d..(j + 1) * d]) {
+            *a = p[j].mul_add(*x, *a);
+        }
+    }
+}
+
 /// `kq[j] = chain of fma(q[d], kt[d][j], .)` over d, from 0, for 64 keys
 /// stored transposed (`kt[d * 64 + j]`): one row of `simd_gemm`.
 pub fn scores64(q: &[f32], kt: &[f32], kq: &mut [f32; 64]) {
@@ -176,6 +194,26 @@ pub fn scores64(q: &[f32], kt: &[f32], kq: &mut [f32; 64]) {
             *s = qd.mul_add(kt[d * 64 + j], *s);
         }
     }
+}
+
+/// `kq[j] = v_expf(kq[j] - max)` for a 64-wide tile; returns the sum as
+/// ggml's `vec_soft_max_f32` forms it (each 16 lanes reduced, added in f64).
+pub fn exp_tile64(kq: &mut [f32; 64], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: AVX-512F is available; kq holds 64 values.
+        return unsafe { x86::exp_tile64(kq.as_mut_ptr(), max) };
+    }
+    let mut sum = 0f64;
+    for chunk in kq.chunks_exact_mut(LANES) {
+        let mut lanes = [0f32; LANES];
+        for (l, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *x = v_expf(*x - max);
+            *l = *x;
+        }
+        sum += reduce16(&lanes) as f64;
+    }
+    sum
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -279,6 +317,40 @@ mod x86 {
             let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
             _mm512_storeu_ps(out.add(i), _mm512_mul_ps(s, _mm512_loadu_ps(u.add(i))));
             i += 16;
+        }
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn exp_tile64(kq: *mut f32, max: f32) -> f64 {
+        let m = _mm512_set1_ps(max);
+        let mut sum = 0f64;
+        for c in 0..4 {
+            let p = kq.add(16 * c);
+            let v = v_expf(_mm512_sub_ps(_mm512_loadu_ps(p), m));
+            _mm512_storeu_ps(p, v);
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+            sum += super::reduce16(&lanes) as f64;
+        }
+        sum
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn accumulate(acc: *mut f32, d: usize, p: *const f32, vals: *const f32, keys: usize) {
+        let regs = d / 16;
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (k, reg) in r.iter_mut().enumerate().take(regs) {
+            *reg = _mm512_loadu_ps(acc.add(16 * k));
+        }
+        for j in 0..keys {
+            let pj = _mm512_set1_ps(*p.add(j));
+            let row = vals.add(j * d);
+            for (k, reg) in r.iter_mut().enumerate().take(regs) {
+                *reg = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * k)), pj, *reg);
+            }
+        }
+        for (k, reg) in r.iter().enumerate().take(regs) {
+            _mm512_storeu_ps(acc.add(16 * k), *reg);
         }
     }
 
