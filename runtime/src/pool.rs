@@ -12,7 +12,9 @@
 //! respect (a later scope writing a buffer an earlier one still reads). Scopes
 //! are per layer (or per token), and every node of layer `l + 1` already
 //! depends on layer `l` through the residual stream, so recycling at a layer
-//! boundary adds no barrier; `runtime/tests/pool_scopes.rs` measures it.
+//! boundary adds no barrier; `runtime/tests/pool_scopes.rs` measures it,
+//! comparing against the same recording with recycling deferred to its end
+//! ([`GraphExecutor::set_pool_deferred_recycling`], a diagnosis switch).
 //!
 //! Scopes are opened with guards that end them on drop
 //! ([`GraphSession::pool_scope`], [`GraphExecutor::pool_scope`]) or with the
@@ -62,6 +64,9 @@ pub(crate) struct Pools {
     free: HashMap<u64, Vec<BufferId>>,
     scopes: Vec<(PoolScope, Vec<(BufferId, u64)>)>,
     pub(crate) stats: PoolStats,
+    /// Diagnosis: an ending scope hands its buffers to the enclosing scope
+    /// instead of the free lists, so nothing is reused inside a recording.
+    defer_recycling: bool,
 }
 
 impl Pools {
@@ -99,6 +104,12 @@ impl Pools {
     /// Ends the innermost scope, recycling its buffers. Returns its kind.
     pub(crate) fn end(&mut self) -> Option<PoolScope> {
         let (kind, list) = self.scopes.pop()?;
+        if self.defer_recycling {
+            if let Some((_, parent)) = self.scopes.last_mut() {
+                parent.extend(list);
+                return Some(kind);
+            }
+        }
         for (id, bytes) in list {
             self.stats.in_use -= bytes;
             self.free.entry(bytes).or_default().push(id);
@@ -245,6 +256,15 @@ impl GraphExecutor {
     /// now), e.g. to see one phase's peak (a decode step after a prefill).
     pub fn reset_pool_peak(&mut self) {
         self.pools.stats.peak_in_use = self.pools.stats.in_use;
+    }
+
+    /// Diagnosis switch: with `defer` on, an ending scope hands its buffers
+    /// to the enclosing scope instead of recycling them, so a recording
+    /// reuses nothing until its outermost scope ends (at commit). Comparing
+    /// barrier counts with it on and off shows what pooled reuse costs the
+    /// schedule (nothing, for per-layer scopes: see `tests/pool_scopes.rs`).
+    pub fn set_pool_deferred_recycling(&mut self, defer: bool) {
+        self.pools.defer_recycling = defer;
     }
 
     /// Opens a pool scope outside any session that ends when the returned

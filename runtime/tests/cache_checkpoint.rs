@@ -4,10 +4,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use support::{assert_err_contains, assert_same_bits, executor, tokens, Tiny, TinyConfig};
 use weft_runtime::cache::{
-    CacheImage, ChunkPolicy, KvCache, ModelIdentity, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
+    CacheConfig, CacheImage, ChunkPolicy, KvCache, ModelIdentity, CHECKPOINT_MAGIC,
+    CHECKPOINT_VERSION,
 };
 use weft_runtime::GraphExecutor;
 
@@ -71,127 +72,147 @@ fn round_trip_gives_identical_next_token_logits() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// Loads `bytes` into `cache` and checks it is refused with `needles`
-/// while the cache keeps its position, health and rows.
-fn refused(
-    exec: &mut GraphExecutor,
-    cache: &mut KvCache,
-    id: &ModelIdentity,
-    path: &Path,
-    bytes: &[u8],
-    needles: &[&str],
-) {
-    std::fs::write(path, bytes).unwrap();
-    let before = cache.export(exec).unwrap();
-    let msg = assert_err_contains(cache.load_checkpoint(exec, id, path), needles);
-    assert!(msg.contains("KV checkpoint"), "{msg}");
-    assert_eq!(cache.position(), before.position(), "{msg}");
-    assert!(!cache.is_poisoned(), "{msg}");
-    assert_eq!(
-        cache.export(exec).unwrap(),
-        before,
-        "rows changed after: {msg}"
-    );
+/// A saved checkpoint and a target cache holding another sequence.
+struct Refusals {
+    exec: GraphExecutor,
+    model: Tiny,
+    target: KvCache,
+    id: ModelIdentity,
+    dir: PathBuf,
+    good: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Refusals {
+    fn new(name: &str) -> Refusals {
+        let dir = scratch(name);
+        let good = dir.join("good.weftkv");
+        let mut exec = executor();
+        let (model, cache) = filled(&mut exec);
+        let id = identity(&model.config);
+        cache.save_checkpoint(&mut exec, &id, &good).unwrap();
+        let bytes = std::fs::read(&good).unwrap();
+        let mut target = model.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
+        let prompt = tokens(5, 9, model.config.vocab);
+        let policy = ChunkPolicy::single(CHUNK);
+        model
+            .prefill(&mut exec, &mut target, &prompt, &policy)
+            .unwrap();
+        Refusals {
+            exec,
+            model,
+            target,
+            id,
+            dir,
+            good,
+            bytes,
+        }
+    }
+
+    /// Loads `bytes` (as written to a file) for `id` into the target and
+    /// checks it is refused with `needles` while the target keeps its
+    /// position, health and rows.
+    fn refused(&mut self, bytes: &[u8], id: &ModelIdentity, needles: &[&str]) {
+        let path = self.dir.join("bad.weftkv");
+        std::fs::write(&path, bytes).unwrap();
+        let exec = &mut self.exec;
+        let before = self.target.export(exec).unwrap();
+        let msg = assert_err_contains(self.target.load_checkpoint(exec, id, &path), needles);
+        assert!(
+            msg.contains("KV checkpoint") && msg.contains("bad.weftkv"),
+            "{msg}"
+        );
+        assert_eq!(self.target.position(), before.position(), "{msg}");
+        assert!(!self.target.is_poisoned(), "{msg}");
+        assert_eq!(
+            self.target.export(exec).unwrap(),
+            before,
+            "rows changed after: {msg}"
+        );
+    }
+
+    /// The saved bytes with `edit` applied.
+    fn edited(&self, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut b = self.bytes.clone();
+        edit(&mut b);
+        b
+    }
+}
+
+impl Drop for Refusals {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
 }
 
 #[test]
-fn damaged_or_foreign_files_are_refused_and_change_nothing() {
-    let dir = scratch("refusals");
-    let (good, bad) = (dir.join("good.weftkv"), dir.join("bad.weftkv"));
-    let mut exec = executor();
-    let (m, cache) = filled(&mut exec);
-    let id = identity(&m.config);
-    cache.save_checkpoint(&mut exec, &id, &good).unwrap();
-    let bytes = std::fs::read(&good).unwrap();
-    assert_eq!(bytes[..8], CHECKPOINT_MAGIC);
-    assert_eq!(bytes[8..12], CHECKPOINT_VERSION.to_le_bytes());
-
-    // The target: another sequence at another position.
-    let mut target = m.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
-    m.prefill(
-        &mut exec,
-        &mut target,
-        &tokens(5, 9, m.config.vocab),
-        &ChunkPolicy::single(CHUNK),
-    )
-    .unwrap();
-    let t = &mut target;
-    for cut in [0, 5, 11, 40, 70, bytes.len() / 2, bytes.len() - 1] {
-        refused(&mut exec, t, &id, &bad, &bytes[..cut], &["truncated"]);
+fn damaged_files_are_refused_and_change_nothing() {
+    let mut r = Refusals::new("damaged");
+    let id = r.id;
+    assert_eq!(r.bytes[..8], CHECKPOINT_MAGIC);
+    assert_eq!(r.bytes[8..12], CHECKPOINT_VERSION.to_le_bytes());
+    let len = r.bytes.len();
+    // Cut inside the magic, the version, the identity, the layer table, the
+    // rows and the checksum.
+    for cut in [0, 5, 11, 40, 70, len / 2, len - 1] {
+        let b = r.bytes[..cut].to_vec();
+        r.refused(&b, &id, &["truncated"]);
     }
-    let mut b = bytes.clone();
-    b[0] = b'X';
-    refused(
-        &mut exec,
-        t,
-        &id,
-        &bad,
-        &b,
-        &["not a weft KV checkpoint", "magic"],
-    );
-    let mut b = bytes.clone();
-    b[8..12].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes());
-    refused(
-        &mut exec,
-        t,
-        &id,
-        &bad,
-        &b,
-        &["format version 2", "reads version 1"],
-    );
-    let mut b = bytes.clone();
-    let mid = bytes.len() - 100;
-    b[mid] ^= 0x40;
-    refused(&mut exec, t, &id, &bad, &b, &["checksum mismatch"]);
-    let mut b = bytes.clone();
-    let last = b.len() - 1;
-    b[last] ^= 1;
-    refused(&mut exec, t, &id, &bad, &b, &["checksum mismatch"]);
-    let mut b = bytes.clone();
-    b.push(0);
-    refused(&mut exec, t, &id, &bad, &b, &["unexpected bytes"]);
+    let b = r.edited(|b| b[0] = b'X');
+    r.refused(&b, &id, &["not a weft KV checkpoint", "magic"]);
+    let b = r.edited(|b| b[8..12].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes()));
+    r.refused(&b, &id, &["format version 2", "reads version 1"]);
+    let b = r.edited(|b| b[len - 100] ^= 0x40);
+    r.refused(&b, &id, &["checksum mismatch"]);
+    let b = r.edited(|b| b[len - 1] ^= 1);
+    r.refused(&b, &id, &["checksum mismatch"]);
+    let b = r.edited(|b| b.push(0));
+    r.refused(&b, &id, &["unexpected bytes"]);
+}
+
+#[test]
+fn foreign_files_are_refused_and_change_nothing() {
+    let mut r = Refusals::new("foreign");
+    let (id, bytes) = (r.id, r.bytes.clone());
     let other = ModelIdentity::from_parts(&[b"another model"]);
-    refused(
-        &mut exec,
-        t,
-        &other,
-        &bad,
+    r.refused(
         &bytes,
+        &other,
         &["written for model", "load it with the model that saved it"],
     );
+    let missing = r.dir.join("missing");
     let msg = assert_err_contains(
-        t.load_checkpoint(&mut exec, &id, &dir.join("missing")),
+        r.target.load_checkpoint(&mut r.exec, &id, &missing),
         &["cannot read"],
     );
     assert!(msg.contains("missing"), "{msg}");
 
     // Same model identity, another cache layout: refused by the layout check.
-    let mut other_layout = KvCache::new(
-        &mut exec,
-        weft_runtime::cache::CacheConfig {
-            layers: m.cache_config(CONTEXT, CHUNK).layers[..2].to_vec(),
-            ..m.cache_config(CONTEXT, CHUNK)
-        },
-    )
-    .unwrap();
+    let (m, exec) = (&r.model, &mut r.exec);
+    let config = m.cache_config(CONTEXT, CHUNK);
+    let two_layers = CacheConfig {
+        layers: config.layers[..2].to_vec(),
+        ..config
+    };
+    let mut other_layout = KvCache::new(exec, two_layers).unwrap();
     let msg = assert_err_contains(
-        other_layout.load_checkpoint(&mut exec, &id, &good),
+        other_layout.load_checkpoint(exec, &id, &r.good),
         &["does not fit this cache"],
     );
     assert!(msg.contains("layers"), "{msg}");
     assert_eq!(other_layout.position(), 0);
     // A shorter context that cannot hold the saved position.
-    let mut short = m.new_cache(&mut exec, 16, CHUNK).unwrap();
+    let mut short = m.new_cache(exec, 16, CHUNK).unwrap();
     assert_err_contains(
-        short.load_checkpoint(&mut exec, &id, &good),
+        short.load_checkpoint(exec, &id, &r.good),
         &["past the context length"],
     );
-
     // A poisoned cache cannot be saved.
-    let mut p = m.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
+    let mut p = m.new_cache(exec, CONTEXT, CHUNK).unwrap();
     p.poison("test");
-    assert_err_contains(p.save_checkpoint(&mut exec, &id, &bad), &["poisoned"]);
-    std::fs::remove_dir_all(dir).ok();
+    let path = r.dir.join("poisoned.weftkv");
+    assert_err_contains(p.save_checkpoint(exec, &id, &path), &["poisoned"]);
+    assert!(!path.exists());
 }
 
 #[test]

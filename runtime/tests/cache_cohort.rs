@@ -111,6 +111,17 @@ fn lanes_differ_and_logits_are_finite() {
     );
 }
 
+/// One cohort step with an open gate.
+fn step(
+    exec: &mut GraphExecutor,
+    m: &Tiny,
+    cohort: &mut Cohort<'_>,
+    t: usize,
+) -> Result<Vec<f32>, weft_runtime::RuntimeError> {
+    let toks = step_tokens(cohort.len(), t, m);
+    m.cohort_step(exec, cohort, &toks, |_, _| Ok(()))
+}
+
 #[test]
 fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
     let mut exec = executor();
@@ -122,37 +133,18 @@ fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
     {
         let mut cohort = Cohort::new(caches.iter_mut().collect()).unwrap();
         for t in 0..2 {
-            m.cohort_step(
-                &mut exec,
-                &mut cohort,
-                &step_tokens(b, t, &m),
-                |_, _| Ok(()),
-            )
-            .unwrap();
+            step(&mut exec, &m, &mut cohort, t).unwrap();
         }
         // The attention of lane 2 in layer 1 fails during step 2.
         exec.config_mut().fault = Some(Fault {
             label: "blk.1.lane2.attention".into(),
             after: 0,
         });
-        let err = m
-            .cohort_step(
-                &mut exec,
-                &mut cohort,
-                &step_tokens(b, 2, &m),
-                |_, _| Ok(()),
-            )
-            .unwrap_err();
+        let err = step(&mut exec, &m, &mut cohort, 2).unwrap_err();
         assert!(err.to_string().contains("blk.1.lane2.attention"), "{err}");
         // Later calls are refused, and say how to recover.
         assert_err_contains(cohort.plan_next_step(), &["poisoned", "reset()"]);
-        let again = m.cohort_step(
-            &mut exec,
-            &mut cohort,
-            &step_tokens(b, 2, &m),
-            |_, _| Ok(()),
-        );
-        assert_err_contains(again, &["poisoned"]);
+        assert_err_contains(step(&mut exec, &m, &mut cohort, 2), &["poisoned"]);
     }
     for (i, c) in caches.iter_mut().enumerate() {
         assert!(c.is_poisoned(), "lane {i} must be poisoned");
@@ -167,14 +159,7 @@ fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
     }
     let mut cohort = Cohort::new(caches.iter_mut().collect()).unwrap();
     for (t, want) in clean.iter().enumerate() {
-        let got = m
-            .cohort_step(
-                &mut exec,
-                &mut cohort,
-                &step_tokens(b, t, &m),
-                |_, _| Ok(()),
-            )
-            .unwrap();
+        let got = step(&mut exec, &m, &mut cohort, t).unwrap();
         assert_same_bits(&got, want, &format!("replayed cohort step {t}"));
     }
 }

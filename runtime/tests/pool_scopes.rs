@@ -202,53 +202,76 @@ fn recording_figures(
     ]
 }
 
+/// How a recording is pooled, for the barrier comparison.
+#[derive(Clone, Copy, Debug)]
+enum Pooling {
+    /// Per-layer scopes, recycled at every layer's end (the default).
+    PerLayer,
+    /// One scope for the whole step: no reuse inside the recording.
+    WholeStep,
+    /// Per-layer scopes with recycling deferred to the end of the recording.
+    Deferred,
+}
+
+/// The recording figures of one step of `n` tokens on a fresh `layers`-layer
+/// model cut into 4-layer command buffers.
+fn pooled_recording(layers: usize, n: usize, pooling: Pooling) -> [usize; 6] {
+    let mut exec = executor();
+    exec.config_mut().cut = CutPolicy {
+        layers_per_cb: Some(4),
+        ..CutPolicy::default()
+    };
+    exec.set_pool_deferred_recycling(matches!(pooling, Pooling::Deferred));
+    let scopes = match pooling {
+        Pooling::WholeStep => ScopeMode::WholeStep,
+        Pooling::PerLayer | Pooling::Deferred => ScopeMode::PerLayer,
+    };
+    let config = TinyConfig {
+        scopes,
+        ..TinyConfig::plain(layers)
+    };
+    let m = Tiny::new(&mut exec, config).unwrap();
+    let mut cache = m.new_cache(&mut exec, 64, 16).unwrap();
+    let prompt = tokens(9, 1, m.config.vocab);
+    m.prefill(&mut exec, &mut cache, &prompt, &ChunkPolicy::single(16))
+        .unwrap();
+    recording_figures(&m, &mut exec, &cache, &tokens(n, 2, m.config.vocab))
+}
+
 #[test]
 fn pooled_reuse_adds_no_barriers_to_a_multi_layer_recording() {
     println!("one recording, 4 layers per command buffer");
-    println!("layers step        scopes     nodes written_buffers barriers(reorder) barriers(recorded) levels cbs");
+    println!("layers step        pooling    nodes written_buffers barriers(reorder) barriers(recorded) levels cbs");
     for layers in [4, 8] {
         for (what, n) in [("decode", 1usize), ("prefill 16", 16)] {
-            let mut rows = Vec::new();
-            for scopes in [ScopeMode::PerLayer, ScopeMode::WholeStep] {
-                let mut exec = executor();
-                exec.config_mut().cut = CutPolicy {
-                    layers_per_cb: Some(4),
-                    ..CutPolicy::default()
-                };
-                let config = TinyConfig {
-                    scopes,
-                    ..TinyConfig::plain(layers)
-                };
-                let m = Tiny::new(&mut exec, config).unwrap();
-                let mut cache = m.new_cache(&mut exec, 64, 16).unwrap();
-                m.prefill(
-                    &mut exec,
-                    &mut cache,
-                    &tokens(9, 1, m.config.vocab),
-                    &ChunkPolicy::single(16),
-                )
-                .unwrap();
-                let f = recording_figures(&m, &mut exec, &cache, &tokens(n, 2, m.config.vocab));
+            let modes = [Pooling::PerLayer, Pooling::WholeStep, Pooling::Deferred];
+            let rows = modes.map(|pooling| {
+                let f = pooled_recording(layers, n, pooling);
                 println!(
-                    "{layers:>6} {what:<11} {scopes:<9?} {:>6} {:>15} {:>17} {:>18} {:>6} {:>3}",
+                    "{layers:>6} {what:<11} {pooling:<9?} {:>6} {:>15} {:>17} {:>18} {:>6} {:>3}",
                     f[0], f[1], f[2], f[3], f[4], f[5]
                 );
-                rows.push(f);
-            }
-            let (pooled, fresh) = (rows[0], rows[1]);
-            assert_eq!(pooled[0], fresh[0], "same recording");
+                f
+            });
+            let [pooled, whole, deferred] = rows;
+            assert_eq!(pooled[0], whole[0], "same recording");
             assert!(
-                pooled[1] < fresh[1],
+                pooled[1] < whole[1],
                 "per-layer scopes reuse buffers inside the recording"
             );
-            assert_eq!(
-                pooled[2], fresh[2],
-                "{layers} layers, {what}: reuse added barriers"
-            );
-            assert_eq!(
-                pooled[4], fresh[4],
-                "{layers} layers, {what}: reuse added levels"
-            );
+            // Deferred recycling reuses nothing inside the recording (the
+            // whole-step scope still lets the output head reuse layer buffers).
+            assert!(deferred[1] >= whole[1]);
+            for fresh in [whole, deferred] {
+                assert_eq!(
+                    pooled[2], fresh[2],
+                    "{layers} layers, {what}: reuse added barriers"
+                );
+                assert_eq!(
+                    pooled[4], fresh[4],
+                    "{layers} layers, {what}: reuse added levels"
+                );
+            }
         }
     }
 }
