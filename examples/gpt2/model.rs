@@ -294,8 +294,8 @@ impl Gpt2 {
         cache: &mut KvCache,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
-        let n = u32::try_from(tokens.len())
-            .map_err(|_| ModelError::Input("too many tokens".into()))?;
+        let n =
+            u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
         run_step(exec, cache, n, |s, cache, span| {
             self.record(s, cache, span, tokens, LogitRows::All)
         })

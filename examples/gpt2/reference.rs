@@ -59,7 +59,10 @@ pub fn forward(m: &Gpt2Values, tokens: &[u32]) -> Vec<f32> {
 fn block(l: &LayerValues, heads: usize, eps: f32, xs: &mut [Vec<f64>]) {
     let d = xs[0].len();
     let hd = d / heads;
-    let hs: Vec<Vec<f64>> = xs.iter().map(|x| layer_norm(x, &l.ln1_w, &l.ln1_b, eps)).collect();
+    let hs: Vec<Vec<f64>> = xs
+        .iter()
+        .map(|x| layer_norm(x, &l.ln1_w, &l.ln1_b, eps))
+        .collect();
     let q: Vec<Vec<f64>> = hs.iter().map(|h| linear(&l.wq, &l.bq, h)).collect();
     let k: Vec<Vec<f64>> = hs.iter().map(|h| linear(&l.wk, &l.bk, h)).collect();
     let v: Vec<Vec<f64>> = hs.iter().map(|h| linear(&l.wv, &l.bv, h)).collect();

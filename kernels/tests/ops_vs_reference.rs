@@ -271,3 +271,43 @@ fn attention_matches_reference() {
         }
     }
 }
+
+#[test]
+fn gelu_and_layer_norm_match_reference() {
+    let mut rng = Rng(5);
+    let mut mem = HostMemory::default();
+    for (rows, cols, scale) in [(1, 2048, 3.0), (7, 640, 12.0), (3, 100, 0.5)] {
+        let a = mem
+            .f32_tensor(&[rows, cols], &rng.vec(rows * cols, scale))
+            .unwrap();
+        let b = mem
+            .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 2.0))
+            .unwrap();
+        let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
+        let bias = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
+        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+        // The CPU kernel follows ggml: the input is rounded to f16 (2^-11
+        // relative), looked up in a table of f16 results (another 2^-11);
+        // GELU's slope is at most 1.13, so the error stays below ~3.3 * 2^-11
+        // of |x|. Where gelu(x) is tiny (x < -3) that is relative to |x|, so
+        // the floor is 1e-2.
+        compare(&node(Op::Gelu, vec![a], vec![o]), &mem, 2e-3, 1e-2, "gelu");
+        compare(
+            &node(Op::GeluMul, vec![a, b], vec![o]),
+            &mem,
+            2e-3,
+            1e-2,
+            "gelu_mul",
+        );
+        // f64 sums in both; the kernel's scale and products are f32, a few
+        // ulps of the O(1) terms `norm * w` and `b`. Their sum can cancel to
+        // near zero, so the error is measured against a floor of 0.1.
+        compare(
+            &node(Op::LayerNorm { eps: 1e-5 }, vec![a, w, bias], vec![o]),
+            &mem,
+            1e-5,
+            0.1,
+            "layer_norm",
+        );
+    }
+}

@@ -6,6 +6,7 @@
 mod error;
 pub mod eval;
 pub mod fetch;
+pub mod gemma3;
 pub mod gguf;
 pub mod llama;
 pub mod model;

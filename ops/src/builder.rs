@@ -200,6 +200,66 @@ pub trait Builder: Recorder {
         )
     }
 
+    /// `gelu(x)` (tanh form; see [`Op::Gelu`] for the precision backends keep).
+    fn gelu(&mut self, x: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
+        self.push_new(Op::Gelu, vec![x], DType::F32, x.shape.dims(), label)
+    }
+
+    /// `gelu(gate) * up`: the gated feed-forward of Gemma-style models (GEGLU).
+    fn gelu_mul(
+        &mut self,
+        gate: Tensor,
+        up: Tensor,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::GeluMul,
+            vec![gate, up],
+            DType::F32,
+            gate.shape.dims(),
+            label,
+        )
+    }
+
+    /// LayerNorm of each row of `x`, times `weight`, plus `bias`
+    /// (both `[cols]`). Without a bias, pass a zero tensor.
+    fn layer_norm(
+        &mut self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        eps: f32,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::LayerNorm { eps },
+            vec![x, weight, bias],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
+    }
+
+    /// `x @ w^T + bias` (a linear layer with bias: [`Builder::matmul`] then
+    /// [`Builder::add`] with the one-row `bias` broadcast over the rows).
+    fn linear(
+        &mut self,
+        x: Tensor,
+        w: Tensor,
+        bias: Option<Tensor>,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        let label = label.into();
+        let y = self.matmul(x, w, label.clone())?;
+        match bias {
+            Some(b) => {
+                self.add_into(y, b, format!("{label}.bias"))?;
+                Ok(y)
+            }
+            None => Ok(y),
+        }
+    }
+
     /// Writes the rows of `src` into `dst` at `start..` (ring slots when `ring` is set).
     fn set_rows(
         &mut self,

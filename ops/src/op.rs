@@ -2,10 +2,14 @@
 //! rules ([`OpNode::validate`]) and the byte ranges it reads and writes
 //! ([`OpNode::ranges`]).
 //!
-//! Adding an op: (1) a variant here with its rules and ranges, (2) a builder
-//! method in `builder.rs`, (3) its reference in `reference/`, (4) a kernel in
-//! every backend that supports it (`weft-kernels/src/<backend>/`), (5) a case
-//! in the cross-backend harness (`kernels/tests/ops_vs_reference.rs`).
+//! Adding an op (the checklist `docs/model-authors.md` walks through):
+//! (1) a variant here with its name in [`Op::name`] (and its ranges in
+//! [`OpNode::ranges`] if it does not touch its tensors whole), (2) its
+//! shape/dtype rules in `rules.rs`, (3) a builder method in `builder.rs`,
+//! (4) its reference in `reference/`, (5) a kernel in every backend that
+//! supports it (`weft-kernels/src/<backend>/`, a dispatch arm in its
+//! `mod.rs`), (6) a case in the cross-backend harness
+//! (`kernels/tests/ops_vs_reference.rs`).
 
 use crate::dtype::DType;
 use crate::tensor::Tensor;
@@ -25,17 +29,23 @@ pub enum RopeMode {
 /// Rotary embedding parameters (YaRN-capable; defaults are plain RoPE).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
+    /// Which elements rotate together.
     pub mode: RopeMode,
     /// Number of rotated dimensions per head (<= head size; the rest pass through).
     pub n_dims: usize,
+    /// Elements per head; a row holds `cols / head_dim` heads.
     pub head_dim: usize,
+    /// Frequency base: pair `i` turns by `position * base^(-2i / n_dims)`.
     pub base: f32,
     /// Linear position scaling (1 / scaling factor).
     pub freq_scale: f32,
     /// YaRN extrapolation mix (0: off).
     pub ext_factor: f32,
+    /// Magnitude scale applied to cos and sin (1: none).
     pub attn_factor: f32,
+    /// YaRN: rotations per context above which dimensions extrapolate.
     pub beta_fast: f32,
+    /// YaRN: rotations per context below which dimensions interpolate.
     pub beta_slow: f32,
     /// Training context length, used by YaRN.
     pub orig_ctx: u32,
@@ -68,12 +78,20 @@ impl RopeParams {
 /// sees cached position `c` when `c <= p` and, with a window `W`, `p - c < W`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionParams {
+    /// Query heads per row of `q`.
     pub heads: usize,
+    /// Key/value heads per cache row; query head `h` reads kv head
+    /// `h / (heads / kv_heads)`.
     pub kv_heads: usize,
+    /// Elements per head (keys, values and queries alike).
     pub head_dim: usize,
+    /// Factor applied to every `q . k` score before the softmax.
     pub scale: f32,
+    /// Position of the first query row.
     pub q_position: u32,
+    /// Sliding window: a query at `p` sees positions `> p - window`.
     pub window: Option<u32>,
+    /// Ring size when the cache view is a ring (see above).
     pub ring: Option<u32>,
     /// Logit soft-capping `c * tanh(s / c)` (0: off).
     pub softcap: f32,
@@ -95,32 +113,63 @@ pub enum Op {
     /// activation format), `w [m, k]`; output `f32 [n, m]`.
     MatMul,
     /// `out = x / sqrt(mean(x^2) + eps) * w`: inputs `x f32 [n, d]`, `w f32 [d]`.
-    RmsNorm { eps: f32 },
+    RmsNorm {
+        /// Added to the mean square inside the square root.
+        eps: f32,
+    },
     /// `out = a + b`; `b` has `a`'s shape or a single row broadcast over rows.
     Add,
     /// `out = a * b`, broadcasting like `Add`.
     Mul,
     /// `out = x * factor`.
-    Scale { factor: f32 },
+    Scale {
+        /// The multiplier.
+        factor: f32,
+    },
     /// Rotary embedding: inputs `x f32 [n, heads * head_dim]`, `positions i32 [n]`.
     Rope(RopeParams),
     /// Row softmax of `x * scale`.
-    Softmax { scale: f32 },
+    Softmax {
+        /// Applied to `x` before the softmax.
+        scale: f32,
+    },
     /// Attention: inputs `q f32 [n, heads * head_dim]`, `k`, `v` (f16 or f32,
     /// `[kv_rows, kv_heads * head_dim]`); output `f32 [n, heads * head_dim]`.
     Attention(AttentionParams),
     /// `out = silu(gate) * up`.
     SiluMul,
+    /// `out = gelu(x)`, GELU in its tanh form
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`. Backends may
+    /// evaluate it like ggml (input rounded to f16, a 65,536-entry table,
+    /// `x` itself from 10 up, 0 below -10): within 2^-10 relative of the
+    /// formula where the result is not tiny.
+    Gelu,
+    /// `out = gelu(gate) * up` (GEGLU; `gelu` as in [`Op::Gelu`]).
+    GeluMul,
+    /// `out = (x - mean(x)) / sqrt(var(x) + eps) * w + b` per row: inputs
+    /// `x f32 [n, d]`, `w f32 [d]`, `b f32 [d]` (LayerNorm with bias).
+    LayerNorm {
+        /// Added to the variance inside the square root.
+        eps: f32,
+    },
     /// Writes `src f32 [n, d]` into rows `start..start + n` of `dst` (ring
     /// slots `p % ring` when `ring` is set), converting to `dst`'s type. The
     /// output tensor is the whole destination; only those rows are written.
-    SetRows { start: u32, ring: Option<u32> },
+    SetRows {
+        /// Position of the first source row.
+        start: u32,
+        /// Ring size of the destination, if it is a ring.
+        ring: Option<u32>,
+    },
     /// Index of the largest value of each row (ties: lowest index); output `i32 [n]`.
     Argmax,
     /// Copies with type conversion (f32 <-> f16/bf16).
     Copy,
     /// Writes host bytes captured at record time into the output.
-    Write { data: Arc<[u8]> },
+    Write {
+        /// The bytes, exactly the output's size.
+        data: Arc<[u8]>,
+    },
 }
 
 impl Op {
@@ -138,6 +187,9 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::Attention(_) => "attention",
             Op::SiluMul => "silu_mul",
+            Op::Gelu => "gelu",
+            Op::GeluMul => "gelu_mul",
+            Op::LayerNorm { .. } => "layer_norm",
             Op::SetRows { .. } => "set_rows",
             Op::Argmax => "argmax",
             Op::Copy => "copy",
@@ -149,12 +201,16 @@ impl Op {
 /// An op applied to tensors: what a node of a recording computes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpNode {
+    /// What the node computes.
     pub op: Op,
+    /// Tensors it reads, in the order its op documents.
     pub inputs: Vec<Tensor>,
+    /// Tensors it writes (one for every op today).
     pub outputs: Vec<Tensor>,
 }
 
 impl OpNode {
+    /// A node; check it with [`OpNode::validate`] before recording.
     pub fn new(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> Self {
         Self {
             op,

@@ -146,7 +146,32 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
                 return shape_err(format!("cache view of {} rows, need {needed}", k.rows()));
             }
         }
-        Op::SiluMul => {
+        Op::Gelu => {
+            arity(1, 1)?;
+            all_f32(name, &[&ins[0], &outs[0]])?;
+            same_shape(name, &ins[0], &outs[0])?;
+        }
+        Op::LayerNorm { eps } => {
+            arity(3, 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            same_shape(name, &ins[0], &outs[0])?;
+            for (what, t) in [("weight", &ins[1]), ("bias", &ins[2])] {
+                if t.shape.elements() != ins[0].cols() {
+                    return shape_err(format!(
+                        "{what} of {} elements for rows of {}",
+                        t.shape.elements(),
+                        ins[0].cols()
+                    ));
+                }
+            }
+            if !(*eps >= 0.0) {
+                return Err(OpError::Param {
+                    op: name,
+                    message: format!("eps must be a non-negative number, got {eps}"),
+                });
+            }
+        }
+        Op::SiluMul | Op::GeluMul => {
             arity(2, 1)?;
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             same_shape(name, &ins[0], &ins[1])?;

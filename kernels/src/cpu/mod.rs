@@ -11,6 +11,8 @@
 mod argmax;
 mod attention;
 mod elementwise;
+pub mod glu;
+mod layer_norm;
 mod matmul;
 mod norm;
 pub mod quant;
@@ -130,6 +132,8 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul => {
             elementwise::split(&node.inputs[0], threads)
         }
+        Op::Gelu | Op::GeluMul => glu::split(&node.inputs[0], threads),
+        Op::LayerNorm { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
     }
 }
 
@@ -167,6 +171,18 @@ pub unsafe fn run_item(
         Op::Mul => elementwise::binary(&ins[0], &ins[1], out, units, |a, b| a * b),
         Op::Scale { factor } => elementwise::scale(&ins[0], out, *factor, units),
         Op::SiluMul => elementwise::silu_mul(&ins[0], &ins[1], out, units),
+        Op::Gelu => {
+            glu::gelu_rows(&ins[0], out, units);
+            Ok(())
+        }
+        Op::GeluMul => {
+            glu::gelu_mul_rows(&ins[0], &ins[1], out, units);
+            Ok(())
+        }
+        Op::LayerNorm { eps } => {
+            layer_norm::layer_norm(&ins[0], &ins[1], &ins[2], out, *eps, units);
+            Ok(())
+        }
         Op::Rope(p) => {
             rope::rope(&ins[0], &ins[1], out, p, units);
             Ok(())

@@ -1,4 +1,4 @@
-//! Elementwise ops, softmax and argmax.
+//! Elementwise ops, GELU, softmax and argmax.
 
 use super::{f32_bytes, HostMemory};
 use crate::tensor::Tensor;
@@ -57,4 +57,11 @@ pub(super) fn argmax(mem: &HostMemory, a: &Tensor) -> Result<Vec<u8>, OpError> {
         })
         .collect();
     Ok(bytemuck::cast_slice(&ids).to_vec())
+}
+
+/// GELU in its tanh form, evaluated in f64 and rounded once.
+pub(super) fn gelu(x: f32) -> f32 {
+    let x = x as f64;
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    (0.5 * x * (1.0 + inner.tanh())) as f32
 }

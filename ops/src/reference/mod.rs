@@ -151,6 +151,9 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::SiluMul => {
             elementwise::binary(mem, &ins[0], &ins[1], |g, u| g / (1.0 + (-g).exp()) * u)?
         }
+        Op::Gelu => elementwise::unary(mem, &ins[0], elementwise::gelu)?,
+        Op::GeluMul => elementwise::binary(mem, &ins[0], &ins[1], |g, u| elementwise::gelu(g) * u)?,
+        Op::LayerNorm { eps } => norm::layer_norm(mem, &ins[0], &ins[1], &ins[2], *eps)?,
         Op::SetRows { start, ring } => return rows::set_rows(mem, &ins[0], &out, *start, *ring),
         Op::Argmax => elementwise::argmax(mem, &ins[0])?,
         Op::Copy => from_f32(&mem.to_f32(&ins[0])?, out.dtype)?,
