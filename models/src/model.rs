@@ -41,7 +41,7 @@ impl Model {
     pub fn load(path: &Path, exec: &mut GraphExecutor) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         let arch = file.architecture()?.to_string();
-        let weights = WeightMap::new(&file, exec);
+        let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
             "llama" => Family::Llama(Llama::load(&weights, "llama")?),
             "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),

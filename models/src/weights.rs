@@ -21,10 +21,10 @@ pub struct WeightMap<'f> {
 }
 
 impl<'f> WeightMap<'f> {
-    /// Maps `file` into `exec` as one read-only buffer.
-    pub fn new(file: &'f GgufFile, exec: &mut GraphExecutor) -> WeightMap<'f> {
-        let buffer = exec.map_bytes(Arc::new(file.shared_bytes()), "weights");
-        WeightMap { file, buffer }
+    /// Maps `file` into `exec` as one read-only buffer (uploaded once to a GPU).
+    pub fn new(file: &'f GgufFile, exec: &mut GraphExecutor) -> Result<WeightMap<'f>, ModelError> {
+        let buffer = exec.map_bytes(Arc::new(file.shared_bytes()), "weights")?;
+        Ok(WeightMap { file, buffer })
     }
 
     /// The weight `name`, shaped outermost-first (GGUF's dims reversed).

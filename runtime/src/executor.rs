@@ -23,12 +23,28 @@ pub type Tapped = (String, Vec<usize>, Vec<f32>);
 pub enum Device {
     /// Host CPU with a persistent thread pool.
     Cpu,
+    /// An NVIDIA GPU by ordinal (needs the `cuda` feature and a driver).
+    Cuda(usize),
 }
 
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl Device {
+    /// Why this device cannot be used here, if it cannot (`None`: usable).
+    pub fn unavailable_reason(self) -> Option<String> {
+        match self {
+            Device::Cpu => None,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => crate::cuda::unavailable_reason(),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Some("weft was built without the `cuda` feature".into()),
         }
     }
 }
@@ -50,6 +66,9 @@ pub struct GraphExecutor {
     pub(crate) last_jobs: Vec<Arc<Job>>,
     pub(crate) epoch: Instant,
     pub(crate) fault_seen: usize,
+    /// The CUDA device, when the executor runs on one.
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
     /// Tensors copied out by `GraphSession::tap` while taps are on.
     pub(crate) taps: Option<Vec<(String, Tensor)>>,
     /// Collected events while tracing.
@@ -70,6 +89,14 @@ impl GraphExecutor {
         if config.threads == 0 {
             return Err(RuntimeError::Usage("threads must be at least 1".into()));
         }
+        if let Some(why) = device.unavailable_reason() {
+            return Err(RuntimeError::Usage(format!("cannot use {device}: {why}")));
+        }
+        #[cfg(feature = "cuda")]
+        let cuda = match device {
+            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i)?)),
+            Device::Cpu => None,
+        };
         let counters = Arc::new(LiveCounters::default());
         let pool = ThreadPool::new(config.threads, Arc::clone(&counters))?;
         Ok(GraphExecutor {
@@ -82,6 +109,8 @@ impl GraphExecutor {
             last_jobs: Vec::new(),
             epoch: Instant::now(),
             fault_seen: 0,
+            #[cfg(feature = "cuda")]
+            cuda,
             taps: None,
             trace: None,
         })
@@ -111,6 +140,11 @@ impl GraphExecutor {
             bytes,
             name: name.into(),
         })?;
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let storage = Storage::device(cuda.alloc(len)?);
+            return Ok(self.insert(storage, name));
+        }
         let storage = Storage::owned(len, name)?;
         Ok(self.insert(storage, name))
     }
@@ -127,9 +161,17 @@ impl GraphExecutor {
         Ok(Tensor { buffer: id, ..t })
     }
 
-    /// Wraps read-only host bytes (a memory-mapped file) as a buffer, without copying.
-    pub fn map_bytes(&mut self, bytes: Arc<dyn HostBytes>, name: &str) -> BufferId {
-        self.insert(Storage::borrowed(bytes), name)
+    /// Wraps read-only host bytes (a memory-mapped file) as a buffer:
+    /// without copying on the CPU, uploaded once to a GPU.
+    pub fn map_bytes(&mut self, bytes: Arc<dyn HostBytes>, name: &str) -> Result<BufferId, RuntimeError> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let host = bytes.host_bytes();
+            let buffer = cuda.alloc(host.len())?;
+            cuda.upload(buffer.ptr, host)?;
+            return Ok(self.insert(Storage::device(buffer), name));
+        }
+        Ok(self.insert(Storage::borrowed(bytes), name))
     }
 
     fn insert(&mut self, storage: Storage, name: &str) -> BufferId {
@@ -189,6 +231,10 @@ impl GraphExecutor {
         for job in self.last_jobs.drain(..) {
             job.wait_done();
         }
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let _ = cuda.synchronize();
+        }
     }
 
     /// Copies a tensor's bytes to the host, after in-flight work completes.
@@ -196,11 +242,17 @@ impl GraphExecutor {
         self.synchronize();
         let e = self.entry(t.buffer)?;
         let range = t.offset as usize..(t.offset + t.bytes()) as usize;
-        e.storage
-            .bytes()
-            .get(range)
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| RuntimeError::Usage(format!("tensor {t:?} lies outside its buffer")))
+        if range.end > e.storage.len() {
+            return Err(RuntimeError::Usage(format!("tensor {t:?} lies outside its buffer")));
+        }
+        #[cfg(feature = "cuda")]
+        if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
+            return cuda.download(ptr + range.start as u64, range.len());
+        }
+        match e.storage.bytes() {
+            Some(bytes) => Ok(bytes[range].to_vec()),
+            None => Err(RuntimeError::Usage(format!("buffer `{}` is not readable from the host", e.name))),
+        }
     }
 
     /// A tensor's values as f32 (f32, f16, bf16 or quantized, converted).
@@ -234,15 +286,14 @@ impl GraphExecutor {
                 data.len()
             )));
         }
+        #[cfg(feature = "cuda")]
+        if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
+            return cuda.upload(ptr + t.offset, data);
+        }
+        let base = e.storage.host_ptr().ok_or_else(|| RuntimeError::Usage(format!("buffer `{}` is not host memory", e.name)))?;
         // SAFETY: no work is in flight (synchronized above), the storage is
         // owned and writable, and the range was checked against its length.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                e.storage.base().add(t.offset as usize),
-                data.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(t.offset as usize), data.len()) };
         Ok(())
     }
 

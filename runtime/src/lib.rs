@@ -12,6 +12,8 @@
 
 pub mod cache;
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod counters;
 mod error;
 mod executor;

@@ -28,6 +28,9 @@ const ALIGN: usize = 64;
 enum Backing {
     Owned { ptr: NonNull<u8>, layout: Layout },
     Borrowed(Arc<dyn HostBytes>),
+    /// Device memory (CUDA); the host never dereferences it.
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::DeviceBuffer),
 }
 
 /// The memory of one buffer.
@@ -70,26 +73,49 @@ impl Storage {
         }
     }
 
+    /// Device memory of `len` bytes.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(buffer: crate::cuda::DeviceBuffer) -> Storage {
+        let len = buffer.len;
+        Storage {
+            backing: Backing::Device(buffer),
+            len,
+        }
+    }
+
+    /// Device address, for device storage.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_ptr(&self) -> Option<u64> {
+        match &self.backing {
+            Backing::Device(b) => Some(b.ptr),
+            _ => None,
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     pub(crate) fn writable(&self) -> bool {
-        matches!(self.backing, Backing::Owned { .. })
+        !matches!(self.backing, Backing::Borrowed(_))
     }
 
-    /// Base address. Writing through it is allowed only for owned storage.
-    pub(crate) fn base(&self) -> *mut u8 {
+    /// Host base address (`None` for device memory). Writing through it
+    /// is allowed only for owned storage.
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.backing {
-            Backing::Owned { ptr, .. } => ptr.as_ptr(),
-            Backing::Borrowed(b) => b.host_bytes().as_ptr() as *mut u8,
+            Backing::Owned { ptr, .. } => Some(ptr.as_ptr()),
+            Backing::Borrowed(b) => Some(b.host_bytes().as_ptr() as *mut u8),
+            #[cfg(feature = "cuda")]
+            Backing::Device(_) => None,
         }
     }
 
-    /// The bytes. Callers make sure no work writing them is in flight.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: base() points at len initialised bytes that live as long as self.
-        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
+    /// The host bytes (`None` for device memory). Callers make sure no work
+    /// writing them is in flight.
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        // SAFETY: host_ptr() points at len initialised bytes that live as long as self.
+        self.host_ptr().map(|p| unsafe { std::slice::from_raw_parts(p, self.len) })
     }
 }
 

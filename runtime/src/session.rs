@@ -170,12 +170,24 @@ impl<'e> GraphSession<'e> {
         };
         let graph_node = Node::checked(node.op.name(), label, self.layer, reads, writes)?;
         self.check_memory(&node, &graph_node)?;
-        cpu::supports(&node)?;
+        self.supports(&node)?;
         self.fences.push(self.fence_next || unknown);
         self.fence_next = unknown;
         self.nodes.push(graph_node);
         self.payloads.push(node);
         Ok(())
+    }
+
+    /// Does the executor's device implement `node`?
+    fn supports(&self, node: &OpNode) -> Result<(), RuntimeError> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.exec.cuda {
+            if matches!(node.op, weft_ops::Op::Write { .. }) {
+                return Ok(());
+            }
+            return Ok(cuda.kernels.supports(node)?);
+        }
+        Ok(cpu::supports(node)?)
     }
 
     /// Every tensor lies inside a live buffer; nothing writes read-only memory;
@@ -312,6 +324,10 @@ impl<'e> GraphSession<'e> {
         }
         let payloads = std::mem::take(&mut self.payloads);
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = self.exec.cuda.clone() {
+            return self.submit_cuda(&cuda, s, &mut payloads);
+        }
         let failed = Arc::new(AtomicBool::new(false));
         let mut jobs = Vec::with_capacity(s.command_buffers.len());
         for cb in &s.command_buffers {
@@ -327,7 +343,89 @@ impl<'e> GraphSession<'e> {
         self.exec.last_jobs = jobs.clone();
         self.end_scopes();
         let trace = self.note_trace(&jobs, &s, submit_start);
-        Ok((InFlight { jobs, counters, trace }, s))
+        Ok((
+            InFlight {
+                jobs,
+                #[cfg(feature = "cuda")]
+                cuda: Vec::new(),
+                counters,
+                trace,
+            },
+            s,
+        ))
+    }
+
+    /// The CUDA path of `submit`: each command buffer becomes a graph launch.
+    #[cfg(feature = "cuda")]
+    fn submit_cuda(
+        mut self,
+        cuda: &Arc<crate::cuda::CudaBackend>,
+        s: Schedule,
+        payloads: &mut [Option<OpNode>],
+    ) -> Result<(InFlight, Schedule), RuntimeError> {
+        let mut works = Vec::with_capacity(s.command_buffers.len());
+        for cb in &s.command_buffers {
+            let prepared = self.prepare_cuda(cb, payloads)?;
+            works.push(cuda.submit(prepared));
+            LiveCounters::add(&self.exec.counters.dispatches, cb.nodes.len() as u64);
+            LiveCounters::add(&self.exec.counters.barriers, cb.level_count().saturating_sub(1) as u64);
+        }
+        let counters = Arc::clone(&self.exec.counters);
+        LiveCounters::add(&counters.commits, 1);
+        LiveCounters::add(&counters.command_buffers, works.len() as u64);
+        self.end_scopes();
+        let inflight = InFlight {
+            jobs: Vec::new(),
+            cuda: works,
+            counters,
+            trace: None,
+        };
+        Ok((inflight, s))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn prepare_cuda(
+        &mut self,
+        cb: &weft_graph::CommandBufferSchedule,
+        payloads: &mut [Option<OpNode>],
+    ) -> Result<crate::cuda::CudaCommandBuffer, RuntimeError> {
+        use weft_kernels::cuda::DeviceTensor;
+        let mut keep = BTreeMap::new();
+        let mut nodes = Vec::with_capacity(cb.order.len());
+        for &i in &cb.order {
+            let node = payloads[i]
+                .take()
+                .ok_or_else(|| RuntimeError::Usage(format!("node {i} scheduled twice")))?;
+            let mut resolve = |t: &Tensor| -> Result<DeviceTensor, RuntimeError> {
+                let e = self.exec.entry(t.buffer)?;
+                keep.entry(t.buffer).or_insert_with(|| Arc::clone(&e.storage));
+                let base = e.storage.device_ptr().ok_or_else(|| {
+                    RuntimeError::Usage(format!("buffer `{}` is host memory on a CUDA executor", e.name))
+                })?;
+                Ok(DeviceTensor { ptr: base + t.offset, tensor: *t })
+            };
+            let mut ins = node.inputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            let outs = node.outputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            // Decode replays: attention sees the whole cache; the visible
+            // extent comes from the step scalars.
+            if let weft_ops::Op::Attention(p) = &node.op {
+                if p.kv_capacity as usize > ins[1].tensor.rows() {
+                    for t in &mut ins[1..3] {
+                        let dims = [p.kv_capacity as usize, t.tensor.cols()];
+                        t.tensor = Tensor::new(t.tensor.buffer, t.tensor.offset, t.tensor.dtype, weft_ops::Shape::new(&dims))?;
+                    }
+                }
+            }
+            let label = self.nodes[i].label.to_string();
+            let fail = self.take_fault(&label);
+            nodes.push(crate::cuda::CudaNode { node, ins, outs, label, fail });
+        }
+        let levels = (0..cb.level_count()).map(|l| cb.level_starts[l]..cb.level_starts[l + 1]).collect();
+        Ok(crate::cuda::CudaCommandBuffer {
+            nodes,
+            levels,
+            keep_alive: keep.into_values().collect(),
+        })
     }
 
     /// While tracing: host slices for recording and submission, and the
@@ -364,8 +462,11 @@ impl<'e> GraphSession<'e> {
                 let e = self.exec.entry(t.buffer)?;
                 keep.entry(t.buffer)
                     .or_insert_with(|| Arc::clone(&e.storage));
+                let base = e.storage.host_ptr().ok_or_else(|| {
+                    RuntimeError::Usage(format!("buffer `{}` is device memory on a CPU executor", e.name))
+                })?;
                 // SAFETY: the offset was checked against the buffer's length when recorded.
-                let ptr = unsafe { e.storage.base().add(t.offset as usize) };
+                let ptr = unsafe { base.add(t.offset as usize) };
                 Ok(HostTensor { ptr, tensor: *t })
             };
             let ins = node

@@ -15,6 +15,9 @@ use std::time::Instant;
 #[must_use = "in-flight work must be waited on (or pushed into a SubmissionChain)"]
 pub struct InFlight {
     pub(crate) jobs: Vec<Arc<Job>>,
+    /// Device work (CUDA executors).
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Vec<Arc<crate::cuda::CudaWork>>,
     pub(crate) counters: Arc<LiveCounters>,
     /// Where to note the drain when tracing.
     pub(crate) trace: Option<(HostSink, Instant)>,
@@ -40,16 +43,29 @@ impl InFlight {
                 first.get_or_insert(e);
             }
         }
+        #[cfg(feature = "cuda")]
+        for work in &self.cuda {
+            if let Err(e) = work.wait() {
+                first.get_or_insert(e);
+            }
+        }
         first.map_or(Ok(()), Err)
     }
 
     /// True once everything has run (successfully or not).
     pub fn is_done(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if !self.cuda.iter().all(|w| w.is_done()) {
+            return false;
+        }
         self.jobs.iter().all(|j| j.is_done())
     }
 
     /// Number of command buffers in this commit.
     pub fn command_buffers(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        return self.jobs.len() + self.cuda.len();
+        #[cfg(not(feature = "cuda"))]
         self.jobs.len()
     }
 }

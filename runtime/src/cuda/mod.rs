@@ -1,0 +1,134 @@
+//! The CUDA backend: device buffers, weights uploaded once, and command
+//! buffers turned into CUDA graphs whose branches follow weft's levels.
+//!
+//! One command buffer becomes one graph. Nodes of one level are launched on
+//! several streams forked from the capture stream (independent branches);
+//! the end of a level joins them (a barrier). The graph is captured once
+//! per command-buffer *structure* (ops, static parameters, tensors) and
+//! replayed while the structure is unchanged: values that change from token
+//! to token (positions, cache rows, uploaded token ids) are written into
+//! device memory or pinned staging that the graph reads, so a new decode
+//! token needs no new graph. Where capture is impossible (or switched off
+//! with `WEFT_CUDA_GRAPHS=0`) the same launches run eagerly, and the
+//! counters say so.
+
+mod graph;
+
+pub(crate) use graph::{CudaCommandBuffer, CudaNode, CudaWork};
+
+use crate::RuntimeError;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use weft_kernels::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use weft_kernels::cuda::CudaKernels;
+
+/// Why CUDA cannot be used on this machine, if it cannot.
+pub fn unavailable_reason() -> Option<String> {
+    weft_kernels::cuda::driver_status().err()
+}
+
+fn driver(e: impl std::fmt::Debug) -> RuntimeError {
+    RuntimeError::Usage(format!("[weft-runtime::cuda] CUDA driver error: {e:?}"))
+}
+
+/// Device memory of one buffer.
+pub(crate) struct DeviceBuffer {
+    _slice: CudaSlice<u8>,
+    pub ptr: u64,
+    pub len: usize,
+}
+
+/// Graph figures of a CUDA executor.
+#[derive(Default)]
+pub(crate) struct GraphStats {
+    pub captures: AtomicU64,
+    pub replays: AtomicU64,
+    pub eager: AtomicU64,
+}
+
+/// One device: its context, streams, kernels and captured graphs.
+pub(crate) struct CudaBackend {
+    pub ctx: Arc<CudaContext>,
+    /// Capture and launch stream (never the default stream).
+    pub main: Arc<CudaStream>,
+    /// Extra streams for a level's parallel branches.
+    pub branches: Vec<Arc<CudaStream>>,
+    pub kernels: CudaKernels,
+    pub graphs: Mutex<HashMap<u64, Arc<graph::CachedGraph>>>,
+    pub use_graphs: bool,
+    pub stats: GraphStats,
+}
+
+/// Streams a level's nodes are spread over.
+const BRANCH_STREAMS: usize = 4;
+
+impl CudaBackend {
+    pub(crate) fn new(ordinal: usize) -> Result<CudaBackend, RuntimeError> {
+        if let Some(why) = unavailable_reason() {
+            return Err(RuntimeError::Usage(format!("CUDA is unavailable: {why}")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        // SAFETY: no allocation has been made on this context yet; weft
+        // orders all work itself (streams, events, graph dependencies).
+        unsafe { ctx.disable_event_tracking() };
+        let main = ctx.new_stream().map_err(driver)?;
+        let branches = (1..BRANCH_STREAMS).map(|_| ctx.new_stream().map_err(driver)).collect::<Result<_, _>>()?;
+        let kernels = CudaKernels::new(Arc::clone(&ctx))?;
+        let use_graphs = std::env::var("WEFT_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0");
+        Ok(CudaBackend {
+            ctx,
+            main,
+            branches,
+            kernels,
+            graphs: Mutex::new(HashMap::new()),
+            use_graphs,
+            stats: GraphStats::default(),
+        })
+    }
+
+    /// Zeroed device memory.
+    pub(crate) fn alloc(&self, len: usize) -> Result<DeviceBuffer, RuntimeError> {
+        let slice = self.main.alloc_zeros::<u8>(len.max(1)).map_err(|e| RuntimeError::OutOfMemory {
+            bytes: len as u64,
+            name: format!("cuda: {e:?}"),
+        })?;
+        let (ptr, _guard) = slice.device_ptr(&self.main);
+        Ok(DeviceBuffer { _slice: slice, ptr, len })
+    }
+
+    /// Copies host bytes to `dst + offset`, waiting for the copy.
+    pub(crate) fn upload(&self, dst: u64, data: &[u8]) -> Result<(), RuntimeError> {
+        // SAFETY: dst..dst+len lies in a live allocation (checked by the caller).
+        unsafe { result::memcpy_htod_async(dst, data, self.main.cu_stream()) }.map_err(driver)?;
+        self.main.synchronize().map_err(driver)
+    }
+
+    /// Copies device bytes to the host after all submitted work.
+    pub(crate) fn download(&self, src: u64, len: usize) -> Result<Vec<u8>, RuntimeError> {
+        self.synchronize()?;
+        let mut out = vec![0u8; len];
+        // SAFETY: src..src+len lies in a live allocation (checked by the caller).
+        unsafe { result::memcpy_dtoh_async(&mut out, src, self.main.cu_stream()) }.map_err(driver)?;
+        self.main.synchronize().map_err(driver)?;
+        Ok(out)
+    }
+
+    /// Waits for everything submitted.
+    pub(crate) fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.main.synchronize().map_err(driver)?;
+        for s in &self.branches {
+            s.synchronize().map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "cuda".into())
+    }
+
+    pub(crate) fn graph_counts(&self) -> (u64, u64, u64) {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        (g(&self.stats.captures), g(&self.stats.replays), g(&self.stats.eager))
+    }
+}
