@@ -21,6 +21,41 @@ pub trait Recorder {
 }
 
 /// Builder methods, available on every [`Recorder`].
+///
+/// Each method validates its inputs (shapes and types, per
+/// [`OpNode::validate`]), allocates its output from the recorder and records
+/// one node with its exact byte ranges; it computes nothing itself. A
+/// Gemma-style feed-forward block, run here by the reference
+/// [`Interpreter`](crate::reference::Interpreter) (in a model the recorder
+/// is a runtime session):
+///
+/// ```
+/// use weft_ops::reference::Interpreter;
+/// use weft_ops::Builder;
+///
+/// let (n, d, f) = (3, 8, 16);
+/// let mut s = Interpreter::default();
+/// let x = s.input_f32(&[n, d], &vec![0.5; n * d])?;
+/// let norm = s.input_f32(&[d], &vec![1.0; d])?;
+/// let gate = s.input_f32(&[f, d], &vec![0.01; f * d])?;
+/// let up = s.input_f32(&[f, d], &vec![0.02; f * d])?;
+/// let down = s.input_f32(&[d, f], &vec![0.03; d * f])?;
+///
+/// let h = s.rms_norm(x, norm, 1e-6, "ffn_norm")?;
+/// let g = s.matmul(h, gate, "ffn_gate")?; // [n, f] = h @ gate^T
+/// let u = s.matmul(h, up, "ffn_up")?;
+/// let m = s.gelu_mul(g, u, "ffn_geglu")?;
+/// let y = s.matmul(m, down, "ffn_down")?;
+/// s.add_into(x, y, "ffn_residual")?; // x += y, in place
+///
+/// // Per-head norms: the same bytes seen as [rows * heads, head_dim].
+/// let heads = s.reshape_rows(x, 2)?;
+/// let head_norm = s.input_f32(&[d / 2], &vec![1.0; d / 2])?;
+/// let normed = s.rms_norm(heads, head_norm, 1e-6, "head_norm")?;
+/// assert_eq!(normed.shape.dims(), &[2 * n, d / 2]);
+/// assert_eq!(s.read_f32(&x)?.len(), n * d);
+/// # Ok::<(), weft_ops::OpError>(())
+/// ```
 pub trait Builder: Recorder {
     /// Validates and records `op` over `inputs` into `outputs`.
     fn push(
@@ -47,6 +82,18 @@ pub trait Builder: Recorder {
         let out = self.alloc(dtype, dims)?;
         self.push(op, inputs, vec![out], label)?;
         Ok(out)
+    }
+
+    /// `x` (`[rows, parts * k]`) seen as `[rows * parts, k]`: the same bytes,
+    /// no node recorded. Lets a row-wise op (an RMS norm) run per head.
+    fn reshape_rows(&mut self, x: Tensor, parts: usize) -> Result<Tensor, OpError> {
+        if parts == 0 || x.cols() % parts != 0 {
+            return Err(OpError::Shape(format!(
+                "cannot split rows of {} into {parts} equal parts",
+                x.cols()
+            )));
+        }
+        x.reshape(&[x.rows() * parts, x.cols() / parts])
     }
 
     /// Embedding lookup: rows `ids` of `table`, as f32.

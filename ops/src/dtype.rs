@@ -12,27 +12,49 @@ use std::fmt;
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// IEEE half float.
     F16,
+    /// bfloat16.
     BF16,
+    /// 8-bit integer.
     I8,
+    /// 16-bit integer.
     I16,
+    /// 32-bit integer (ids, positions).
     I32,
+    /// 64-bit integer.
     I64,
+    /// 64-bit float.
     F64,
+    /// 4-bit blocks of 32, one f16 scale.
     Q4_0,
+    /// 4-bit blocks of 32, f16 scale and minimum.
     Q4_1,
+    /// 5-bit blocks of 32, one f16 scale.
     Q5_0,
+    /// 5-bit blocks of 32, f16 scale and minimum.
     Q5_1,
+    /// 8-bit blocks of 32, one f16 scale.
     Q8_0,
+    /// 8-bit blocks of 32, f16 scale and scaled sum (activations).
     Q8_1,
+    /// 2-bit super-blocks of 256.
     Q2_K,
+    /// 3-bit super-blocks of 256.
     Q3_K,
+    /// 4-bit super-blocks of 256 with 6-bit sub-block scales and minimums.
     Q4_K,
+    /// 5-bit super-blocks of 256.
     Q5_K,
+    /// 6-bit super-blocks of 256 with 8-bit sub-block scales.
     Q6_K,
+    /// 8-bit super-blocks of 256, f32 scale and 16-element sums (activations).
     Q8_K,
+    /// 2.06-bit importance quants (named, not computed with).
     IQ2_XXS,
+    /// 4-bit microscaling floats (named, not computed with).
     MXFP4,
 }
 

@@ -3,10 +3,12 @@
 //! Each op is declared once: its parameters and shape/dtype rules ([`op`]),
 //! the builder method a model calls to record it ([`builder`]), and a plain
 //! reference implementation that every backend is tested against
-//! ([`reference`]). Block-quantized formats live in [`quant`].
+//! ([`reference`](mod@reference)). Block-quantized formats live in [`quant`].
 //!
 //! Invariant: weft-ops knows nothing about devices, threads or caches; it
 //! records nodes through the [`builder::Recorder`] trait a runtime implements.
+
+#![warn(missing_docs)]
 
 pub mod dtype;
 mod error;

@@ -73,9 +73,13 @@ impl fmt::Display for Shape {
 /// A typed, shaped, contiguous view of bytes `offset..offset + bytes()` of a buffer.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tensor {
+    /// The buffer holding the bytes.
     pub buffer: BufferId,
+    /// Byte offset of the first element in the buffer.
     pub offset: u64,
+    /// Element type.
     pub dtype: DType,
+    /// Dimensions, outermost first.
     pub shape: Shape,
 }
 

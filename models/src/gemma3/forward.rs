@@ -210,10 +210,9 @@ impl Gemma3 {
         label: &'static str,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
-        let n = t.rows();
-        let per_head = t.reshape(&[n * heads, c.head_dim])?;
+        let per_head = s.reshape_rows(t, heads)?;
         let normed = s.rms_norm(per_head, weight, c.rms_eps, label)?;
-        Ok(normed.reshape(&[n, heads * c.head_dim])?)
+        Ok(normed.reshape(t.shape.dims())?)
     }
 }
 

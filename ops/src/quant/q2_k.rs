@@ -21,9 +21,13 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ2K {
+    /// Sub-block scales (packed).
     pub scales: [u8; 16],
+    /// Packed quants.
     pub qs: [u8; 64],
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// Scale of the block minimums (f16 bits).
     pub dmin: [u8; 2],
 }
 

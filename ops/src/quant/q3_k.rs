@@ -21,9 +21,13 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ3K {
+    /// High bit of every quant.
     pub hmask: [u8; 32],
+    /// Packed quants.
     pub qs: [u8; 64],
+    /// Sub-block scales (packed).
     pub scales: [u8; 12],
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
 }
 

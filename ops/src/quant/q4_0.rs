@@ -15,7 +15,9 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ4_0 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// Packed quants.
     pub qs: [u8; 16],
 }
 

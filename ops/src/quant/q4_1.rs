@@ -17,8 +17,11 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ4_1 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// Block minimum (f16 bits): `x = q * d + m`.
     pub m: [u8; 2],
+    /// Packed quants.
     pub qs: [u8; 16],
 }
 

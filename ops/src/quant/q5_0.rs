@@ -16,8 +16,11 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ5_0 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// High bits of the quants.
     pub qh: [u8; 4],
+    /// Packed quants.
     pub qs: [u8; 16],
 }
 

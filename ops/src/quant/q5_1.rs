@@ -17,9 +17,13 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ5_1 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// Block minimum (f16 bits): `x = q * d + m`.
     pub m: [u8; 2],
+    /// High bits of the quants.
     pub qh: [u8; 4],
+    /// Packed quants.
     pub qs: [u8; 16],
 }
 

@@ -24,9 +24,13 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ6K {
+    /// Low 4 bits of the quants.
     pub ql: [u8; 128],
+    /// High bits of the quants.
     pub qh: [u8; 64],
+    /// The 16 signed sub-block scales.
     pub scales: [i8; 16],
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
 }
 

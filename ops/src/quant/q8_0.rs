@@ -22,7 +22,9 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ8_0 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// Packed quants.
     pub qs: [i8; 32],
 }
 

@@ -19,8 +19,11 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ8_1 {
+    /// Block scale (f16 bits, little-endian).
     pub d: [u8; 2],
+    /// `d * sum(qs)` (f16 bits), for Q4_1/Q5_1 dot products.
     pub s: [u8; 2],
+    /// Packed quants.
     pub qs: [i8; 32],
 }
 

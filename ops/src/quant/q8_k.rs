@@ -20,8 +20,11 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ8K {
+    /// Block scale (f32 bytes, little-endian).
     pub d: [u8; 4],
+    /// Packed quants.
     pub qs: [i8; QK_K],
+    /// Sums of each 16 quants (i16, little-endian).
     pub bsums: [[u8; 2]; 16],
 }
 

@@ -3,9 +3,13 @@
 //!
 //! Numerics are "the maths", not any backend's shortcuts: f32 values, f64
 //! where a long sum would otherwise dominate the error.
+//!
+//! [`run`] executes one node on a [`HostMemory`]; [`Interpreter`] is a
+//! [`Recorder`](crate::Recorder) that runs every builder call at once.
 
 mod attention;
 mod elementwise;
+mod interpreter;
 mod matmul;
 mod norm;
 mod rope;
@@ -17,6 +21,7 @@ use crate::tensor::{Shape, Tensor};
 use crate::OpError;
 use weft_graph::BufferId;
 
+pub use interpreter::Interpreter;
 pub use rope::rope_angles;
 
 /// Host buffers indexed by [`BufferId`], for reference runs and tests.
