@@ -4,13 +4,13 @@
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::llama::Llama;
-use crate::step::{run_step, LogitRows};
+use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightMap;
 use crate::ModelError;
 use std::path::Path;
 use weft_ops::DType;
-use weft_runtime::cache::{CacheConfig, ChunkPolicy, KvCache, LayerSpec};
+use weft_runtime::cache::{run_step, CacheConfig, ChunkPolicy, KvCache, LayerSpec};
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
 use weft_runtime::{GraphExecutor, GraphSession};

@@ -1,12 +1,6 @@
-//! One forward step as a cache transaction: plan a span, record the step,
-//! commit it, drain, then publish the span, or poison the cache if anything
-//! failed after work was submitted. Every model family runs its steps
-//! through here, so the transaction rules live in one place.
-
-use crate::ModelError;
-use weft_ops::Tensor;
-use weft_runtime::cache::{CacheSpan, KvCache};
-use weft_runtime::{GraphExecutor, GraphSession, SubmissionChain};
+//! Which logits a step returns. The step itself runs as a cache
+//! transaction through `weft_runtime::cache::run_step`, which holds the
+//! transaction rules for every model family.
 
 /// Which positions' logits a step returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,46 +26,4 @@ impl LogitRows {
             LogitRows::From(p) => (p.saturating_sub(start) as usize).min(last),
         }
     }
-}
-
-/// Runs one step of `tokens` tokens: `record` records it into a session
-/// for `span` and returns the logits tensor; the logits come back as f32.
-pub fn run_step(
-    exec: &mut GraphExecutor,
-    cache: &mut KvCache,
-    tokens: u32,
-    record: impl FnOnce(&mut GraphSession<'_>, &KvCache, &CacheSpan) -> Result<Tensor, ModelError>,
-) -> Result<Vec<f32>, ModelError> {
-    // Planning failures change nothing and poison nothing.
-    let span = cache.plan_prefill(tokens)?;
-    let mut chain = SubmissionChain::new();
-    let mut session = exec.begin_recorded();
-    let logits = match record(&mut session, cache, &span) {
-        Ok(t) => t,
-        Err(e) => {
-            // Nothing was submitted: the recording is simply dropped.
-            drop(session);
-            return Err(e);
-        }
-    };
-    match session.commit() {
-        Ok(inflight) => chain.push(inflight),
-        Err(e) => return Err(e.into()),
-    }
-    if let Err(e) = chain.drain() {
-        cache.poison(&format!("a step at position {} failed: {e}", span.start));
-        return Err(e.into());
-    }
-    let values = match exec.read_f32(&logits) {
-        Ok(v) => v,
-        Err(e) => {
-            cache.poison(&format!(
-                "reading the logits of the step at {} failed: {e}",
-                span.start
-            ));
-            return Err(e.into());
-        }
-    };
-    cache.commit_prefill(span.start, span.tokens)?;
-    Ok(values)
 }

@@ -19,13 +19,16 @@ use std::ops::Range;
 use weft_ops::Tensor;
 
 /// Runs one step of `tokens` tokens as a transaction and returns the
-/// recorded output as f32.
-pub fn run_step(
+/// recorded output as f32. Plan (no poison on refusal), record (an error
+/// here submits nothing), commit and drain, then publish; any failure after
+/// work was submitted poisons the cache. `E` is the caller's error type
+/// (model code uses its own).
+pub fn run_step<E: From<RuntimeError>>(
     exec: &mut GraphExecutor,
     cache: &mut KvCache,
     tokens: u32,
-    record: impl FnOnce(&mut GraphSession<'_>, &KvCache, &CacheSpan) -> Result<Tensor, RuntimeError>,
-) -> Result<Vec<f32>, RuntimeError> {
+    record: impl FnOnce(&mut GraphSession<'_>, &KvCache, &CacheSpan) -> Result<Tensor, E>,
+) -> Result<Vec<f32>, E> {
     let span = cache.plan_prefill(tokens)?;
     let mut chain = SubmissionChain::new();
     let mut session = exec.begin_recorded();
@@ -34,7 +37,7 @@ pub fn run_step(
     chain.push(session.commit()?);
     if let Err(e) = chain.drain() {
         cache.poison(&format!("the step at position {} failed: {e}", span.start));
-        return Err(e);
+        return Err(e.into());
     }
     let values = match exec.read_f32(&output) {
         Ok(v) => v,
@@ -43,7 +46,7 @@ pub fn run_step(
                 "reading the output of the step at {} failed: {e}",
                 span.start
             ));
-            return Err(e);
+            return Err(e.into());
         }
     };
     cache.commit_prefill(span.start, span.tokens)?;
