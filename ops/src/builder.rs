@@ -87,7 +87,7 @@ pub trait Builder: Recorder {
     /// `x` (`[rows, parts * k]`) seen as `[rows * parts, k]`: the same bytes,
     /// no node recorded. Lets a row-wise op (an RMS norm) run per head.
     fn reshape_rows(&mut self, x: Tensor, parts: usize) -> Result<Tensor, OpError> {
-        if parts == 0 || x.cols() % parts != 0 {
+        if parts == 0 || !x.cols().is_multiple_of(parts) {
             return Err(OpError::Shape(format!(
                 "cannot split rows of {} into {parts} equal parts",
                 x.cols()

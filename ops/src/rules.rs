@@ -164,7 +164,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
                     ));
                 }
             }
-            if !(*eps >= 0.0) {
+            if eps.is_nan() || *eps < 0.0 {
                 return Err(OpError::Param {
                     op: name,
                     message: format!("eps must be a non-negative number, got {eps}"),

@@ -16,6 +16,35 @@
 //! | tied output | no `output.weight` | [`Gemma3::output`] |
 //!
 //! The norm weights in GGUF already hold Gemma's `1 + w`; they are used as they are.
+//!
+//! ```
+//! use weft_models::gemma3::Gemma3Config;
+//! use weft_models::gguf::{GgufFile, GgufWriter};
+//!
+//! let mut w = GgufWriter::new();
+//! w.set("general.architecture", "gemma3")?;
+//! for (key, value) in [
+//!     ("block_count", 12u32),
+//!     ("embedding_length", 640),
+//!     ("feed_forward_length", 2048),
+//!     ("attention.head_count", 4),
+//!     ("attention.head_count_kv", 1),
+//!     ("attention.key_length", 256),
+//!     ("attention.sliding_window", 512),
+//! ] {
+//!     w.set(&format!("gemma3.{key}"), value)?;
+//! }
+//! let config = Gemma3Config::from_gguf(&GgufFile::from_bytes(w.to_bytes()?)?)?;
+//! // No pattern in the file: every 6th layer is global, the others slide.
+//! assert_eq!(config.layer_window(4), Some(512));
+//! assert_eq!(config.layer_window(5), None);
+//! assert_eq!(config.layer_rope(4).base, 10_000.0);
+//! assert_eq!(config.layer_rope(5).base, 1_000_000.0);
+//! assert_eq!(config.query_scale, 1.0 / 16.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
 
 mod forward;
 
