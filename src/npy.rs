@@ -6,7 +6,11 @@ use std::path::Path;
 /// Writes `values` with `shape` as a little-endian f32 `.npy` file.
 pub fn write_f32(path: &Path, shape: &[usize], values: &[f32]) -> std::io::Result<()> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let tuple = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let tuple = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
     // Magic (6) + version (2) + length (2) + header + newline, padded to 64.
     let unpadded = 10 + header.len() + 1;
@@ -34,7 +38,14 @@ mod tests {
         assert_eq!(&b[..6], b"\x93NUMPY");
         let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
         assert_eq!((10 + hlen) % 64, 0);
-        assert_eq!(&b[10 + hlen..], [1.0f32, 2.0, 3.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().as_slice());
+        assert_eq!(
+            &b[10 + hlen..],
+            [1.0f32, 2.0, 3.5]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .as_slice()
+        );
         assert!(String::from_utf8_lossy(&b[10..10 + hlen]).contains("'shape': (3,)"));
     }
 }

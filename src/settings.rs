@@ -43,8 +43,20 @@ impl Settings {
         Ok(Settings {
             threads: number(&get, "WEFT_THREADS", 1, 1024, "an integer from 1 to 1024")?,
             reorder: flag(&get, "WEFT_REORDER")?,
-            layers_per_cb: number(&get, "WEFT_LAYERS_PER_CB", 1, 4096, "an integer from 1 to 4096")?,
-            prefill_windows: number(&get, "WEFT_PREFILL_WINDOWS", 1, 4096, "an integer from 1 to 4096")?,
+            layers_per_cb: number(
+                &get,
+                "WEFT_LAYERS_PER_CB",
+                1,
+                4096,
+                "an integer from 1 to 4096",
+            )?,
+            prefill_windows: number(
+                &get,
+                "WEFT_PREFILL_WINDOWS",
+                1,
+                4096,
+                "an integer from 1 to 4096",
+            )?,
             graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
         })
     }
@@ -61,18 +73,29 @@ impl Settings {
     }
 }
 
-fn text(get: &impl Fn(&str) -> Option<OsString>, var: &'static str, accepts: &'static str) -> Result<Option<String>, SettingsError> {
+fn text(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &'static str,
+    accepts: &'static str,
+) -> Result<Option<String>, SettingsError> {
     match get(var) {
         None => Ok(None),
         Some(v) => v.into_string().map(Some).map_err(|raw| SettingsError {
             var,
             value: raw.to_string_lossy().into_owned(),
-            accepts: if accepts.is_empty() { "valid UTF-8" } else { accepts },
+            accepts: if accepts.is_empty() {
+                "valid UTF-8"
+            } else {
+                accepts
+            },
         }),
     }
 }
 
-fn flag(get: &impl Fn(&str) -> Option<OsString>, var: &'static str) -> Result<Option<bool>, SettingsError> {
+fn flag(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &'static str,
+) -> Result<Option<bool>, SettingsError> {
     let accepts = "0 or 1";
     match text(get, var, accepts)?.as_deref().map(str::trim) {
         None => Ok(None),
@@ -86,8 +109,16 @@ fn flag(get: &impl Fn(&str) -> Option<OsString>, var: &'static str) -> Result<Op
     }
 }
 
-fn number<T: TryFrom<u64>>(get: &impl Fn(&str) -> Option<OsString>, var: &'static str, min: u64, max: u64, accepts: &'static str) -> Result<Option<T>, SettingsError> {
-    let Some(raw) = text(get, var, accepts)? else { return Ok(None) };
+fn number<T: TryFrom<u64>>(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &'static str,
+    min: u64,
+    max: u64,
+    accepts: &'static str,
+) -> Result<Option<T>, SettingsError> {
+    let Some(raw) = text(get, var, accepts)? else {
+        return Ok(None);
+    };
     let bad = || SettingsError {
         var,
         value: raw.clone(),
@@ -106,13 +137,22 @@ mod tests {
     use std::collections::HashMap;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> = pairs.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
     #[test]
     fn valid_values_parse_and_flags_win() {
-        let s = Settings::from_vars(vars(&[("WEFT_THREADS", "2"), ("WEFT_REORDER", "0"), ("WEFT_LAYERS_PER_CB", " 4 "), ("WEFT_GRAPH_DIAG", "1")])).unwrap();
+        let s = Settings::from_vars(vars(&[
+            ("WEFT_THREADS", "2"),
+            ("WEFT_REORDER", "0"),
+            ("WEFT_LAYERS_PER_CB", " 4 "),
+            ("WEFT_GRAPH_DIAG", "1"),
+        ]))
+        .unwrap();
         assert_eq!(s.threads, Some(2));
         assert_eq!(s.reorder, Some(false));
         assert_eq!(s.layers_per_cb, Some(4));
@@ -134,7 +174,9 @@ mod tests {
             ("WEFT_PREFILL_WINDOWS", "99999", "1 to 4096"),
             ("WEFT_GRAPH_DIAG", "", "0 or 1"),
         ] {
-            let e = Settings::from_vars(vars(&[(var, value)])).unwrap_err().to_string();
+            let e = Settings::from_vars(vars(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(var) && e.contains(accepts), "{e}");
         }
     }

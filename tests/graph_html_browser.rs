@@ -11,14 +11,22 @@ use weft::graph::{dump, html, synth};
 fn browser() -> Option<String> {
     ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
-        .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .map(str::to_string)
 }
 
 #[test]
 fn graph_page_loads_in_chromium_and_counts_nodes() {
     let Some(chrome) = browser() else {
-        assert!(std::env::var_os("WEFT_REQUIRE_BROWSER").is_none(), "WEFT_REQUIRE_BROWSER is set but no chromium was found");
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_BROWSER").is_none(),
+            "WEFT_REQUIRE_BROWSER is set but no chromium was found"
+        );
         eprintln!("skipping: no chromium on this machine");
         return;
     };
@@ -35,7 +43,10 @@ fn graph_page_loads_in_chromium_and_counts_nodes() {
         },
     );
     let s = schedule(&syn.nodes, &cuts, Strategy::Reorder);
-    let page = html::render(&dump::build(&syn.nodes, syn.buffers.clone(), &s), "test </script> page");
+    let page = html::render(
+        &dump::build(&syn.nodes, syn.buffers.clone(), &s),
+        "test </script> page",
+    );
     let dir = std::env::temp_dir().join(format!("weft-html-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("graph.html");
@@ -60,10 +71,20 @@ fn graph_page_loads_in_chromium_and_counts_nodes() {
         .expect("run chromium");
     let dom = String::from_utf8_lossy(&out.stdout);
     let log = String::from_utf8_lossy(&out.stderr);
-    assert!(!log.contains("Uncaught"), "script error in the page:\n{log}");
+    assert!(
+        !log.contains("Uncaught"),
+        "script error in the page:\n{log}"
+    );
     let n = syn.nodes.len();
-    assert!(dom.contains(&format!("<title>weft graph: {n} nodes</title>")), "title not set; DOM:\n{}", &dom[..dom.len().min(2000)]);
-    assert!(dom.contains(&format!("data-nodes=\"{n}\"")), "status not set");
+    assert!(
+        dom.contains(&format!("<title>weft graph: {n} nodes</title>")),
+        "title not set; DOM:\n{}",
+        &dom[..dom.len().min(2000)]
+    );
+    assert!(
+        dom.contains(&format!("data-nodes=\"{n}\"")),
+        "status not set"
+    );
     // The first command buffer's levels are rendered as node boxes.
     assert!(dom.matches("class=\"node\"").count() >= 1);
 }

@@ -17,16 +17,28 @@ pub fn render(dump: &Dump, layers: Option<Range<u32>>) -> String {
     };
     let mut s = String::new();
     let _ = writeln!(s, "digraph weft {{\n  rankdir=TB; newrank=true; node [shape=box, fontsize=9, fontname=\"Helvetica\"]; edge [color=\"#888888\", arrowsize=0.5];");
-    let mut cb_count = dump.nodes.iter().map(|n| n.command_buffer + 1).max().unwrap_or(0);
+    let mut cb_count = dump
+        .nodes
+        .iter()
+        .map(|n| n.command_buffer + 1)
+        .max()
+        .unwrap_or(0);
     cb_count = cb_count.max(dump.command_buffers.len());
     let mut collapsed_names = Vec::new();
     for cb in 0..cb_count {
         let stats = dump.command_buffers.iter().find(|c| c.index == cb);
         let title = stats.map_or(format!("command buffer {cb}"), |c| {
-            format!("command buffer {cb}: {} nodes, {} levels, {} barriers, {} reordered", c.nodes, c.levels, c.barriers, c.reordered)
+            format!(
+                "command buffer {cb}: {} nodes, {} levels, {} barriers, {} reordered",
+                c.nodes, c.levels, c.barriers, c.reordered
+            )
         });
         let _ = writeln!(s, "  subgraph cluster_cb{cb} {{\n    label=\"{title}\"; style=rounded; color=\"#4060a0\";");
-        let members: Vec<_> = dump.nodes.iter().filter(|n| n.command_buffer == cb).collect();
+        let members: Vec<_> = dump
+            .nodes
+            .iter()
+            .filter(|n| n.command_buffer == cb)
+            .collect();
         let max_level = members.iter().map(|n| n.level).max().unwrap_or(0);
         let mut prev_anchor: Option<String> = None;
         for level in 0..=max_level {
@@ -48,7 +60,13 @@ pub fn render(dump: &Dump, layers: Option<Range<u32>>) -> String {
                 let _ = writeln!(s, "    {{ rank=same;");
                 for n in &visible {
                     let layer = n.layer.map_or(String::new(), |l| format!(" L{l}"));
-                    let _ = writeln!(s, "      n{} [label=\"{}{layer}\\n{}\"];", n.id, n.op, escape(&n.label));
+                    let _ = writeln!(
+                        s,
+                        "      n{} [label=\"{}{layer}\\n{}\"];",
+                        n.id,
+                        n.op,
+                        escape(&n.label)
+                    );
                 }
                 let _ = writeln!(s, "    }}");
                 format!("n{}", visible[0].id)
@@ -73,7 +91,11 @@ fn write_flow_edges(dump: &Dump, shown: &dyn Fn(Option<u32>) -> bool, s: &mut St
     for n in &dump.nodes {
         if shown(n.layer) {
             for &(b, start, end) in &n.reads {
-                if let Some(w) = writers.iter().rev().find(|w| w.0 == b && w.1 < end && start < w.2) {
+                if let Some(w) = writers
+                    .iter()
+                    .rev()
+                    .find(|w| w.0 == b && w.1 < end && start < w.2)
+                {
                     if shown(dump.nodes[w.3].layer) && w.3 != n.id {
                         let _ = writeln!(s, "  n{} -> n{};", w.3, n.id);
                     }

@@ -11,9 +11,13 @@ pub fn render(dump: &Dump, title: &str) -> String {
     let json = serde_json::to_string(dump).unwrap_or_else(|_| "{}".into());
     // Keep the JSON inert inside <script>: no "</" sequences.
     let json = json.replace("</", "<\\/");
-    TEMPLATE.replace("__TITLE__", &html_escape(title)).replace("__DATA__", &json)
+    TEMPLATE
+        .replace("__TITLE__", &html_escape(title))
+        .replace("__DATA__", &json)
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

@@ -10,13 +10,14 @@ use crate::weights::WeightMap;
 use crate::ModelError;
 use std::path::Path;
 use weft_ops::DType;
-use weft_runtime::cache::{run_step, CacheConfig, ChunkPolicy, KvCache, LayerSpec};
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
+use weft_runtime::cache::{run_step, CacheConfig, ChunkPolicy, KvCache, LayerSpec};
 use weft_runtime::{GraphExecutor, GraphSession};
 
 /// Called after each prefill chunk with the positions it covered.
-pub type AfterChunk<'a> = dyn FnMut(&mut GraphExecutor, std::ops::Range<u32>) -> Result<(), ModelError> + 'a;
+pub type AfterChunk<'a> =
+    dyn FnMut(&mut GraphExecutor, std::ops::Range<u32>) -> Result<(), ModelError> + 'a;
 
 /// The architectures weft runs.
 pub enum Family {
@@ -153,7 +154,9 @@ impl Model {
         }
         let n =
             u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
-        run_step(exec, cache, n, |s, c, span| self.record(s, c, span, tokens, rows))
+        run_step(exec, cache, n, |s, c, span| {
+            self.record(s, c, span, tokens, rows)
+        })
     }
 
     /// Records one step over `tokens` at `span` into `session` without

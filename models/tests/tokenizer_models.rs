@@ -27,8 +27,14 @@ fn reference_dir() -> String {
         return dir.to_string_lossy().into_owned();
     }
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let found = root.ancestors().map(|a| a.join("shared/reference")).find(|p| p.is_dir());
-    found.unwrap_or_else(|| root.join("../../shared/reference")).to_string_lossy().into_owned()
+    let found = root
+        .ancestors()
+        .map(|a| a.join("shared/reference"))
+        .find(|p| p.is_dir());
+    found
+        .unwrap_or_else(|| root.join("../../shared/reference"))
+        .to_string_lossy()
+        .into_owned()
 }
 const DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 

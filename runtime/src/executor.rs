@@ -163,7 +163,11 @@ impl GraphExecutor {
 
     /// Wraps read-only host bytes (a memory-mapped file) as a buffer:
     /// without copying on the CPU, uploaded once to a GPU.
-    pub fn map_bytes(&mut self, bytes: Arc<dyn HostBytes>, name: &str) -> Result<BufferId, RuntimeError> {
+    pub fn map_bytes(
+        &mut self,
+        bytes: Arc<dyn HostBytes>,
+        name: &str,
+    ) -> Result<BufferId, RuntimeError> {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = &self.cuda {
             let host = bytes.host_bytes();
@@ -243,7 +247,9 @@ impl GraphExecutor {
         let e = self.entry(t.buffer)?;
         let range = t.offset as usize..(t.offset + t.bytes()) as usize;
         if range.end > e.storage.len() {
-            return Err(RuntimeError::Usage(format!("tensor {t:?} lies outside its buffer")));
+            return Err(RuntimeError::Usage(format!(
+                "tensor {t:?} lies outside its buffer"
+            )));
         }
         #[cfg(feature = "cuda")]
         if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
@@ -251,7 +257,10 @@ impl GraphExecutor {
         }
         match e.storage.bytes() {
             Some(bytes) => Ok(bytes[range].to_vec()),
-            None => Err(RuntimeError::Usage(format!("buffer `{}` is not readable from the host", e.name))),
+            None => Err(RuntimeError::Usage(format!(
+                "buffer `{}` is not readable from the host",
+                e.name
+            ))),
         }
     }
 
@@ -290,10 +299,14 @@ impl GraphExecutor {
         if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
             return cuda.upload(ptr + t.offset, data);
         }
-        let base = e.storage.host_ptr().ok_or_else(|| RuntimeError::Usage(format!("buffer `{}` is not host memory", e.name)))?;
+        let base = e.storage.host_ptr().ok_or_else(|| {
+            RuntimeError::Usage(format!("buffer `{}` is not host memory", e.name))
+        })?;
         // SAFETY: no work is in flight (synchronized above), the storage is
         // owned and writable, and the range was checked against its length.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(t.offset as usize), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(t.offset as usize), data.len())
+        };
         Ok(())
     }
 
@@ -362,7 +375,8 @@ impl GraphExecutor {
         let threads = self.threads();
         match self.trace.as_mut() {
             Some(state) => {
-                let host = std::mem::take(&mut *state.host.lock().unwrap_or_else(|p| p.into_inner()));
+                let host =
+                    std::mem::take(&mut *state.host.lock().unwrap_or_else(|p| p.into_inner()));
                 let jobs = std::mem::take(&mut state.jobs);
                 Trace::build(host, &jobs, threads)
             }

@@ -12,9 +12,9 @@
 
 pub mod cache;
 mod config;
+mod counters;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod counters;
 mod error;
 mod executor;
 mod memory;
@@ -32,6 +32,6 @@ pub use executor::{Device, GraphExecutor, Tapped};
 pub use memory::HostBytes;
 pub use pool::{ExecutorScope, PoolScope, PoolStats, SessionScope};
 pub use profile::{stage_of, Profile, Row};
-pub use trace::{NodeSpan, Trace, TraceEvent};
 pub use session::{GraphSession, NodeTiming, SessionMode};
 pub use submission::{InFlight, SubmissionChain};
+pub use trace::{NodeSpan, Trace, TraceEvent};

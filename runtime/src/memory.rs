@@ -26,7 +26,10 @@ impl HostBytes for Vec<u8> {
 const ALIGN: usize = 64;
 
 enum Backing {
-    Owned { ptr: NonNull<u8>, layout: Layout },
+    Owned {
+        ptr: NonNull<u8>,
+        layout: Layout,
+    },
     Borrowed(Arc<dyn HostBytes>),
     /// Device memory (CUDA); the host never dereferences it.
     #[cfg(feature = "cuda")]
@@ -115,7 +118,8 @@ impl Storage {
     /// writing them is in flight.
     pub(crate) fn bytes(&self) -> Option<&[u8]> {
         // SAFETY: host_ptr() points at len initialised bytes that live as long as self.
-        self.host_ptr().map(|p| unsafe { std::slice::from_raw_parts(p, self.len) })
+        self.host_ptr()
+            .map(|p| unsafe { std::slice::from_raw_parts(p, self.len) })
     }
 }
 

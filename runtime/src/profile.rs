@@ -35,7 +35,12 @@ pub fn stage_of(label: &str, op: &str) -> &'static str {
     let l = label.to_ascii_lowercase();
     if l.contains("norm") {
         "norm"
-    } else if l.contains("attn") || l.contains("rope") || l.contains("cache") || op == "attention" || op == "rope" {
+    } else if l.contains("attn")
+        || l.contains("rope")
+        || l.contains("cache")
+        || op == "attention"
+        || op == "rope"
+    {
         "attention"
     } else if l.contains("ffn") || l.contains("mlp") || l.contains("expert") || l.contains("moe") {
         "ffn"
@@ -85,7 +90,11 @@ impl Profile {
         let mut s = String::new();
         let _ = writeln!(s, "per-node timing: pieces timed inside levels; the schedule is unchanged (no single-layer command buffers needed)");
         for (title, rows) in [("stage", &self.stages), ("kernel", &self.kernels)] {
-            let _ = writeln!(s, "\n{title:<20} {:>8} {:>12} {:>10} {:>10} {:>7}", "count", "total ms", "min us", "max us", "share");
+            let _ = writeln!(
+                s,
+                "\n{title:<20} {:>8} {:>12} {:>10} {:>10} {:>7}",
+                "count", "total ms", "min us", "max us", "share"
+            );
             for r in rows {
                 let _ = writeln!(
                     s,

@@ -5,10 +5,10 @@ use crate::executor::GraphExecutor;
 use crate::pool::PoolScope;
 use crate::submission::InFlight;
 use crate::threadpool::{Job, Level, PreparedNode};
+use crate::trace::host_slice;
 use crate::RuntimeError;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
-use crate::trace::host_slice;
 use std::sync::Arc;
 use std::time::Instant;
 use weft_graph::cut::cut;
@@ -144,7 +144,14 @@ impl<'e> GraphSession<'e> {
             .ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))?;
         if let (Some((k, start)), Some(state)) = (self.open_scopes.pop(), &self.exec.trace) {
             let args = serde_json::json!({"bytes_in_use": self.exec.pools.stats.in_use});
-            host_slice(&state.host, self.exec.epoch, start, &format!("pool scope {k:?}"), "pool", args);
+            host_slice(
+                &state.host,
+                self.exec.epoch,
+                start,
+                &format!("pool scope {k:?}"),
+                "pool",
+                args,
+            );
         }
         Ok(kind)
     }
@@ -368,7 +375,10 @@ impl<'e> GraphSession<'e> {
             let prepared = self.prepare_cuda(cb, payloads)?;
             works.push(cuda.submit(prepared));
             LiveCounters::add(&self.exec.counters.dispatches, cb.nodes.len() as u64);
-            LiveCounters::add(&self.exec.counters.barriers, cb.level_count().saturating_sub(1) as u64);
+            LiveCounters::add(
+                &self.exec.counters.barriers,
+                cb.level_count().saturating_sub(1) as u64,
+            );
         }
         let counters = Arc::clone(&self.exec.counters);
         LiveCounters::add(&counters.commits, 1);
@@ -398,29 +408,57 @@ impl<'e> GraphSession<'e> {
                 .ok_or_else(|| RuntimeError::Usage(format!("node {i} scheduled twice")))?;
             let mut resolve = |t: &Tensor| -> Result<DeviceTensor, RuntimeError> {
                 let e = self.exec.entry(t.buffer)?;
-                keep.entry(t.buffer).or_insert_with(|| Arc::clone(&e.storage));
+                keep.entry(t.buffer)
+                    .or_insert_with(|| Arc::clone(&e.storage));
                 let base = e.storage.device_ptr().ok_or_else(|| {
-                    RuntimeError::Usage(format!("buffer `{}` is host memory on a CUDA executor", e.name))
+                    RuntimeError::Usage(format!(
+                        "buffer `{}` is host memory on a CUDA executor",
+                        e.name
+                    ))
                 })?;
-                Ok(DeviceTensor { ptr: base + t.offset, tensor: *t })
+                Ok(DeviceTensor {
+                    ptr: base + t.offset,
+                    tensor: *t,
+                })
             };
-            let mut ins = node.inputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
-            let outs = node.outputs.iter().map(&mut resolve).collect::<Result<Vec<_>, _>>()?;
+            let mut ins = node
+                .inputs
+                .iter()
+                .map(&mut resolve)
+                .collect::<Result<Vec<_>, _>>()?;
+            let outs = node
+                .outputs
+                .iter()
+                .map(&mut resolve)
+                .collect::<Result<Vec<_>, _>>()?;
             // Decode replays: attention sees the whole cache; the visible
             // extent comes from the step scalars.
             if let weft_ops::Op::Attention(p) = &node.op {
                 if p.kv_capacity as usize > ins[1].tensor.rows() {
                     for t in &mut ins[1..3] {
                         let dims = [p.kv_capacity as usize, t.tensor.cols()];
-                        t.tensor = Tensor::new(t.tensor.buffer, t.tensor.offset, t.tensor.dtype, weft_ops::Shape::new(&dims))?;
+                        t.tensor = Tensor::new(
+                            t.tensor.buffer,
+                            t.tensor.offset,
+                            t.tensor.dtype,
+                            weft_ops::Shape::new(&dims),
+                        )?;
                     }
                 }
             }
             let label = self.nodes[i].label.to_string();
             let fail = self.take_fault(&label);
-            nodes.push(crate::cuda::CudaNode { node, ins, outs, label, fail });
+            nodes.push(crate::cuda::CudaNode {
+                node,
+                ins,
+                outs,
+                label,
+                fail,
+            });
         }
-        let levels = (0..cb.level_count()).map(|l| cb.level_starts[l]..cb.level_starts[l + 1]).collect();
+        let levels = (0..cb.level_count())
+            .map(|l| cb.level_starts[l]..cb.level_starts[l + 1])
+            .collect();
         Ok(crate::cuda::CudaCommandBuffer {
             nodes,
             levels,
@@ -430,13 +468,25 @@ impl<'e> GraphSession<'e> {
 
     /// While tracing: host slices for recording and submission, and the
     /// jobs kept for the trace.
-    fn note_trace(&mut self, jobs: &[Arc<Job>], s: &Schedule, submit_start: Instant) -> Option<(crate::trace::HostSink, Instant)> {
+    fn note_trace(
+        &mut self,
+        jobs: &[Arc<Job>],
+        s: &Schedule,
+        submit_start: Instant,
+    ) -> Option<(crate::trace::HostSink, Instant)> {
         let epoch = self.exec.epoch;
         let state = self.exec.trace.as_mut()?;
         let record = serde_json::json!({"nodes": self.nodes.len()});
         host_slice(&state.host, epoch, self.started, "record", "record", record);
         let submit = serde_json::json!({"command_buffers": jobs.len(), "barriers": s.barriers(), "reordered": s.reordered()});
-        host_slice(&state.host, epoch, submit_start, "schedule + submit", "submit", submit);
+        host_slice(
+            &state.host,
+            epoch,
+            submit_start,
+            "schedule + submit",
+            "submit",
+            submit,
+        );
         for job in jobs {
             state.jobs.push((state.next_cb, Arc::clone(job)));
             state.next_cb += 1;
@@ -463,7 +513,10 @@ impl<'e> GraphSession<'e> {
                 keep.entry(t.buffer)
                     .or_insert_with(|| Arc::clone(&e.storage));
                 let base = e.storage.host_ptr().ok_or_else(|| {
-                    RuntimeError::Usage(format!("buffer `{}` is device memory on a CPU executor", e.name))
+                    RuntimeError::Usage(format!(
+                        "buffer `{}` is device memory on a CPU executor",
+                        e.name
+                    ))
                 })?;
                 // SAFETY: the offset was checked against the buffer's length when recorded.
                 let ptr = unsafe { base.add(t.offset as usize) };

@@ -6,8 +6,8 @@
 
 use crate::counters::LiveCounters;
 use crate::threadpool::Job;
-use crate::RuntimeError;
 use crate::trace::{host_slice, HostSink};
+use crate::RuntimeError;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +30,8 @@ impl InFlight {
         let start = Instant::now();
         let result = self.wait_jobs();
         if let Some((sink, epoch)) = &self.trace {
-            let args = serde_json::json!({"command_buffers": self.jobs.len(), "ok": result.is_ok()});
+            let args =
+                serde_json::json!({"command_buffers": self.jobs.len(), "ok": result.is_ok()});
             host_slice(sink, *epoch, start, "drain", "drain", args);
         }
         result

@@ -50,7 +50,14 @@ impl TraceState {
 }
 
 /// Notes a host slice from `start` (an instant) to now.
-pub(crate) fn host_slice(sink: &HostSink, epoch: Instant, start: Instant, name: &str, cat: &'static str, args: Value) {
+pub(crate) fn host_slice(
+    sink: &HostSink,
+    epoch: Instant,
+    start: Instant,
+    name: &str,
+    cat: &'static str,
+    args: Value,
+) {
     let start_us = start.duration_since(epoch).as_secs_f64() * 1e6;
     let dur_us = start.elapsed().as_secs_f64() * 1e6;
     let mut events = sink.lock().unwrap_or_else(|p| p.into_inner());
@@ -91,7 +98,11 @@ impl Trace {
             job_events(*cb, job, &mut events, &mut nodes);
         }
         events.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
-        Trace { events, nodes, threads }
+        Trace {
+            events,
+            nodes,
+            threads,
+        }
     }
 
     /// Chrome trace-event JSON (opens in Perfetto or chrome://tracing).
@@ -102,19 +113,24 @@ impl Trace {
         out.push(name(HOST_TRACK, "host: record / submit / drain".into()));
         out.push(name(CB_TRACK, "command buffers".into()));
         for t in 0..self.threads {
-            out.push(name(FIRST_WORKER_TRACK + t as u64, format!("cpu worker {t}")));
+            out.push(name(
+                FIRST_WORKER_TRACK + t as u64,
+                format!("cpu worker {t}"),
+            ));
         }
         for e in &self.events {
             out.push(json!({"ph": "X", "pid": 1, "tid": e.track, "name": e.name, "cat": e.cat, "ts": e.start_us, "dur": e.dur_us, "args": e.args}));
         }
-        serde_json::to_string(&json!({"traceEvents": out, "displayTimeUnit": "ms"})).unwrap_or_default()
+        serde_json::to_string(&json!({"traceEvents": out, "displayTimeUnit": "ms"}))
+            .unwrap_or_default()
     }
 }
 
 /// Slices of one job: its command-buffer slice, and per worker the merged
 /// pieces of each node.
 fn job_events(cb: u64, job: &Job, events: &mut Vec<TraceEvent>, nodes: &mut Vec<NodeSpan>) {
-    let lock = |m: &Mutex<Option<std::time::Duration>>| *m.lock().unwrap_or_else(|p| p.into_inner());
+    let lock =
+        |m: &Mutex<Option<std::time::Duration>>| *m.lock().unwrap_or_else(|p| p.into_inner());
     if let (Some(s), Some(f)) = (lock(&job.started), lock(&job.finished)) {
         events.push(TraceEvent {
             name: format!("command buffer {cb}"),
@@ -133,7 +149,8 @@ fn job_events(cb: u64, job: &Job, events: &mut Vec<TraceEvent>, nodes: &mut Vec<
     }
     let work = job.events.lock().unwrap_or_else(|p| p.into_inner());
     // Per (node, thread): first start and last end.
-    let mut spans: std::collections::BTreeMap<(usize, usize), (f64, f64)> = std::collections::BTreeMap::new();
+    let mut spans: std::collections::BTreeMap<(usize, usize), (f64, f64)> =
+        std::collections::BTreeMap::new();
     let mut node_span: Vec<Option<(f64, f64)>> = vec![None; job.nodes.len()];
     for ev in work.iter() {
         let (s, e) = (ev.start.as_secs_f64() * 1e6, ev.end.as_secs_f64() * 1e6);

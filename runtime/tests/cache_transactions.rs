@@ -174,12 +174,13 @@ fn recording_errors_poison_nothing_and_read_failures_poison() {
     assert!(!cache.is_poisoned());
 
     // The step runs, but its output cannot be read back: poisoned.
-    let r: Result<_, weft_runtime::RuntimeError> = run_step(&mut exec, &mut cache, 2, |s, c, span| {
-        m.record_step(s, c, span, &[1, 2])?;
-        let lost = s.executor().alloc_tensor(DType::F32, &[1], "lost")?;
-        s.executor().release_buffer(lost.buffer);
-        Ok(lost)
-    });
+    let r: Result<_, weft_runtime::RuntimeError> =
+        run_step(&mut exec, &mut cache, 2, |s, c, span| {
+            m.record_step(s, c, span, &[1, 2])?;
+            let lost = s.executor().alloc_tensor(DType::F32, &[1], "lost")?;
+            s.executor().release_buffer(lost.buffer);
+            Ok(lost)
+        });
     assert!(r.is_err());
     assert!(cache.poisoned().unwrap().contains("reading the output"));
     assert_eq!(cache.position(), 0);

@@ -1,10 +1,9 @@
 //! `weft graph synth`: build a recording without a model, schedule it with
 //! weft's pass and the baselines, check it, print the figures.
 
-use anyhow::{bail, Result};
 use super::ModelArgs;
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use weft::models::LogitRows;
 use std::path::PathBuf;
 use std::time::Instant;
 use weft::graph::checker::{check, longest_conflict_chain};
@@ -12,6 +11,7 @@ use weft::graph::cut::{cut, CutPolicy};
 use weft::graph::dump;
 use weft::graph::reorder::{schedule, Strategy};
 use weft::graph::synth;
+use weft::models::LogitRows;
 
 #[derive(Subcommand)]
 pub enum GraphCommand {
@@ -144,7 +144,9 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
 }
 
 fn parse_layers(text: &str) -> Result<std::ops::Range<u32>> {
-    let parsed = text.split_once("..").and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
+    let parsed = text
+        .split_once("..")
+        .and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
     match parsed {
         Some((a, b)) if a <= b => Ok(a..b + 1),
         _ => bail!("--layers takes `a..b` (inclusive layer numbers, e.g. 0..2), not `{text}`"),
@@ -170,16 +172,25 @@ fn dump_cmd(a: DumpArgs) -> Result<()> {
     let (nodes, schedule) = session.into_schedule()?;
     check(&nodes, &schedule)?;
     let dump = dump::build(&nodes, exec.buffer_infos(), &schedule);
-    let title = format!("{}: {} token(s) at position {}", model.name, a.tokens, a.position);
+    let title = format!(
+        "{}: {} token(s) at position {}",
+        model.name, a.tokens, a.position
+    );
     let text = match a.format {
         DumpFormat::Json => serde_json::to_string(&dump)?,
         DumpFormat::Dot => weft::graph::dot::render(&dump, layers),
         DumpFormat::Html => weft::graph::html::render(&dump, &title),
     };
     std::fs::write(&a.out, text)?;
-    let cuts: Vec<_> = schedule.command_buffers.iter().map(|c| c.nodes.clone()).collect();
-    let recorded = weft::graph::reorder::schedule(&nodes, &cuts, Strategy::RecordedOrder).barriers();
-    let greedy = weft::graph::reorder::schedule(&nodes, &cuts, Strategy::GreedyWindow(64)).barriers();
+    let cuts: Vec<_> = schedule
+        .command_buffers
+        .iter()
+        .map(|c| c.nodes.clone())
+        .collect();
+    let recorded =
+        weft::graph::reorder::schedule(&nodes, &cuts, Strategy::RecordedOrder).barriers();
+    let greedy =
+        weft::graph::reorder::schedule(&nodes, &cuts, Strategy::GreedyWindow(64)).barriers();
     eprintln!(
         "{}: {} nodes, {} command buffer(s), {} barriers (recorded order {recorded}, greedy-64 {greedy}), {} reordered -> {}",
         title,

@@ -107,23 +107,43 @@ impl Source<'_> {
 
 fn parse_knobs(table: toml::Table, src: &Source<'_>, at: Option<usize>) -> Result<Knobs> {
     for key in table.keys() {
-        const KNOWN: [&str; 7] = ["model", "repetitions", "reorder", "layers_per_cb", "prefill_windows", "threads", "backend"];
+        const KNOWN: [&str; 7] = [
+            "model",
+            "repetitions",
+            "reorder",
+            "layers_per_cb",
+            "prefill_windows",
+            "threads",
+            "backend",
+        ];
         if !KNOWN.contains(&key.as_str()) {
-            bail!("{}: unknown key `{key}` (accepted: name, prompt, prompt_file, synthetic, {})", src.line(at, key), KNOWN.join(", "));
+            bail!(
+                "{}: unknown key `{key}` (accepted: name, prompt, prompt_file, synthetic, {})",
+                src.line(at, key),
+                KNOWN.join(", ")
+            );
         }
     }
     let keys: Vec<String> = table.keys().cloned().collect();
     toml::Value::Table(table).try_into::<Knobs>().map_err(|e| {
-        let line = keys.iter().map(|k| src.line(at, k)).next().unwrap_or_else(|| src.line(at, ""));
+        let line = keys
+            .iter()
+            .map(|k| src.line(at, k))
+            .next()
+            .unwrap_or_else(|| src.line(at, ""));
         anyhow::anyhow!("{line}: {e}")
     })
 }
 
 fn parse_script(src: &Source<'_>) -> Result<(Knobs, Vec<Scenario>)> {
-    let mut doc: toml::Table = toml::from_str(src.text).map_err(|e| anyhow::anyhow!("{}: {e}", src.path.display()))?;
+    let mut doc: toml::Table =
+        toml::from_str(src.text).map_err(|e| anyhow::anyhow!("{}: {e}", src.path.display()))?;
     for key in doc.keys() {
         if key != "defaults" && key != "scenario" {
-            bail!("{}: unknown top-level key `{key}` (accepted: [defaults], [[scenario]])", src.path.display());
+            bail!(
+                "{}: unknown top-level key `{key}` (accepted: [defaults], [[scenario]])",
+                src.path.display()
+            );
         }
     }
     let defaults = match doc.remove("defaults") {
@@ -137,12 +157,18 @@ fn parse_script(src: &Source<'_>) -> Result<(Knobs, Vec<Scenario>)> {
     };
     let mut scenarios = Vec::new();
     for (i, v) in list.into_iter().enumerate() {
-        let toml::Value::Table(mut t) = v else { bail!("{}: a scenario must be a table", src.line(Some(i), "")) };
+        let toml::Value::Table(mut t) = v else {
+            bail!("{}: a scenario must be a table", src.line(Some(i), ""))
+        };
         let take_str = |t: &mut toml::Table, k: &str| -> Result<Option<String>> {
             match t.remove(k) {
                 None => Ok(None),
                 Some(toml::Value::String(s)) => Ok(Some(s)),
-                Some(other) => bail!("{}: `{k}` must be a string, not {}", src.line(Some(i), k), other.type_str()),
+                Some(other) => bail!(
+                    "{}: `{k}` must be a string, not {}",
+                    src.line(Some(i), k),
+                    other.type_str()
+                ),
             }
         };
         let name = take_str(&mut t, "name")?.unwrap_or_else(|| format!("scenario {}", i + 1));
@@ -151,10 +177,20 @@ fn parse_script(src: &Source<'_>) -> Result<(Knobs, Vec<Scenario>)> {
         let synthetic = match t.remove("synthetic") {
             None => None,
             Some(toml::Value::Integer(n)) => Some(n),
-            Some(other) => bail!("{}: `synthetic` must be a token count, not {}", src.line(Some(i), "synthetic"), other.type_str()),
+            Some(other) => bail!(
+                "{}: `synthetic` must be a token count, not {}",
+                src.line(Some(i), "synthetic"),
+                other.type_str()
+            ),
         };
         let knobs = parse_knobs(t, src, Some(i))?;
-        scenarios.push(Scenario { name, prompt, prompt_file, synthetic, knobs });
+        scenarios.push(Scenario {
+            name,
+            prompt,
+            prompt_file,
+            synthetic,
+            knobs,
+        });
     }
     Ok((defaults, scenarios))
 }
@@ -186,8 +222,12 @@ struct Outcome {
 }
 
 pub fn run(a: PrefillArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.script).with_context(|| format!("cannot read the script {}", a.script.display()))?;
-    let src = Source { path: &a.script, text: &text };
+    let text = std::fs::read_to_string(&a.script)
+        .with_context(|| format!("cannot read the script {}", a.script.display()))?;
+    let src = Source {
+        path: &a.script,
+        text: &text,
+    };
     let base = a.script.parent().unwrap_or(Path::new("."));
     let runs = plan(&src, base)?;
     if let Some(dir) = &a.trace {
@@ -196,7 +236,12 @@ pub fn run(a: PrefillArgs) -> Result<()> {
     let progress = super::progress::Progress::new(runs.len() as u64, "prefill runs");
     let mut outcomes = Vec::new();
     for (i, (run, prompt)) in runs.into_iter().enumerate() {
-        progress.message(&format!("{} ({}/{})", run.scenario, i + 1, outcomes.len() + 1));
+        progress.message(&format!(
+            "{} ({}/{})",
+            run.scenario,
+            i + 1,
+            outcomes.len() + 1
+        ));
         let trace = a.trace.as_ref().map(|d| d.join(format!("run{i:03}.json")));
         outcomes.push(measure(run, &prompt, trace.as_deref())?);
         progress.inc();
@@ -225,20 +270,48 @@ fn plan(src: &Source<'_>, base: &Path) -> Result<Vec<(Run, Prompt)>> {
             (Some(t), None, None) => Prompt::Text(t.clone()),
             (None, Some(f), None) => {
                 let p = base.join(f);
-                let t = std::fs::read_to_string(&p).with_context(|| format!("{}: prompt_file {} cannot be read", src.line(Some(i), "prompt_file"), p.display()))?;
+                let t = std::fs::read_to_string(&p).with_context(|| {
+                    format!(
+                        "{}: prompt_file {} cannot be read",
+                        src.line(Some(i), "prompt_file"),
+                        p.display()
+                    )
+                })?;
                 Prompt::Text(t)
             }
             (None, None, Some(n)) if (1..=1 << 20).contains(&n) => Prompt::Synthetic(n as u32),
-            (None, None, Some(_)) => bail!("{}: synthetic must be 1 to 1048576 tokens", src.line(Some(i), "synthetic")),
-            _ => bail!("{}: scenario `{}` needs exactly one of prompt, prompt_file, synthetic", src.line(Some(i), ""), s.name),
+            (None, None, Some(_)) => bail!(
+                "{}: synthetic must be 1 to 1048576 tokens",
+                src.line(Some(i), "synthetic")
+            ),
+            _ => bail!(
+                "{}: scenario `{}` needs exactly one of prompt, prompt_file, synthetic",
+                src.line(Some(i), ""),
+                s.name
+            ),
         };
         let k = merge(&defaults, &s.knobs);
-        validate(&k, &|key: &str| if s.knobs_has(key) { src.line(Some(i), key) } else { src.line(None, key) })?;
+        validate(&k, &|key: &str| {
+            if s.knobs_has(key) {
+                src.line(Some(i), key)
+            } else {
+                src.line(None, key)
+            }
+        })?;
         let reorders = k.reorder.as_ref().map_or(vec![true], OneOrMany::values);
         let some = |v: Vec<u32>| v.into_iter().map(Some).collect::<Vec<_>>();
-        let lpcbs = k.layers_per_cb.as_ref().map_or(vec![None], |v| some(v.values()));
-        let windows = k.prefill_windows.as_ref().map_or(vec![None], |v| some(v.values()));
-        let threads: Vec<Option<usize>> = k.threads.as_ref().map_or(vec![None], |v| v.values().into_iter().map(Some).collect());
+        let lpcbs = k
+            .layers_per_cb
+            .as_ref()
+            .map_or(vec![None], |v| some(v.values()));
+        let windows = k
+            .prefill_windows
+            .as_ref()
+            .map_or(vec![None], |v| some(v.values()));
+        let threads: Vec<Option<usize>> = k
+            .threads
+            .as_ref()
+            .map_or(vec![None], |v| v.values().into_iter().map(Some).collect());
         for &reorder in &reorders {
             for &layers_per_cb in &lpcbs {
                 for &prefill_windows in &windows {
@@ -282,7 +355,10 @@ fn merge(defaults: &Knobs, own: &Knobs) -> Knobs {
         repetitions: own.repetitions.or(defaults.repetitions),
         reorder: own.reorder.clone().or(defaults.reorder.clone()),
         layers_per_cb: own.layers_per_cb.clone().or(defaults.layers_per_cb.clone()),
-        prefill_windows: own.prefill_windows.clone().or(defaults.prefill_windows.clone()),
+        prefill_windows: own
+            .prefill_windows
+            .clone()
+            .or(defaults.prefill_windows.clone()),
         threads: own.threads.clone().or(defaults.threads.clone()),
         backend: own.backend.clone().or(defaults.backend.clone()),
     }
@@ -294,22 +370,36 @@ fn validate(k: &Knobs, at: &dyn Fn(&str) -> String) -> Result<()> {
             bail!("{}: repetitions must be 1..=1000", at("repetitions"));
         }
     }
-    for (name, v) in [("layers_per_cb", &k.layers_per_cb), ("prefill_windows", &k.prefill_windows)] {
-        if v.as_ref().is_some_and(|v| v.values().iter().any(|x| *x == 0 || *x > 4096)) {
+    for (name, v) in [
+        ("layers_per_cb", &k.layers_per_cb),
+        ("prefill_windows", &k.prefill_windows),
+    ] {
+        if v.as_ref()
+            .is_some_and(|v| v.values().iter().any(|x| *x == 0 || *x > 4096))
+        {
             bail!("{}: {name} values must be 1..=4096", at(name));
         }
     }
-    if k.threads.as_ref().is_some_and(|t| t.values().iter().any(|x| *x == 0 || *x > 1024)) {
+    if k.threads
+        .as_ref()
+        .is_some_and(|t| t.values().iter().any(|x| *x == 0 || *x > 1024))
+    {
         bail!("{}: threads must be 1..=1024", at("threads"));
     }
     if let Some(b) = &k.backend {
         if b != "cpu" {
-            bail!("{}: backend `{b}` is not available in this build (accepted: cpu)", at("backend"));
+            bail!(
+                "{}: backend `{b}` is not available in this build (accepted: cpu)",
+                at("backend")
+            );
         }
     }
     if let Some(m) = &k.model {
         if weft::models::fetch::find_model(m).is_none() && !Path::new(m).is_file() {
-            bail!("{}: model `{m}` is neither a known name nor a file", at("model"));
+            bail!(
+                "{}: model `{m}` is neither a known name nor a file",
+                at("model")
+            );
         }
     }
     Ok(())
@@ -325,7 +415,9 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
     let (mut exec, model) = args.load()?;
     let tokens: Vec<u32> = match prompt {
         Prompt::Text(t) => model.tokenizer.encode(t),
-        Prompt::Synthetic(n) => (0..*n).map(|i| (i * 7919 % model.vocab() as u32).max(1)).collect(),
+        Prompt::Synthetic(n) => (0..*n)
+            .map(|i| (i * 7919 % model.vocab() as u32).max(1))
+            .collect(),
     };
     if tokens.is_empty() {
         bail!("scenario `{}`: the prompt has no tokens", run.scenario);
@@ -344,17 +436,27 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
         let before = exec.counters();
         let mut count = 0usize;
         let t = Instant::now();
-        model.prefill_with(&mut exec, &mut cache, &tokens, &policy, LogitRows::Last, &mut |_, _| {
-            count += 1;
-            Ok(())
-        })?;
+        model.prefill_with(
+            &mut exec,
+            &mut cache,
+            &tokens,
+            &policy,
+            LogitRows::Last,
+            &mut |_, _| {
+                count += 1;
+                Ok(())
+            },
+        )?;
         let secs = t.elapsed().as_secs_f64();
         let c = exec.counters() - before;
         if rep > 0 {
             tps.push(tokens.len() as f64 / secs);
             ttft = secs * 1e3;
             chunks = count;
-            per = (c.barriers as f64 / count as f64, c.command_buffers as f64 / count as f64);
+            per = (
+                c.barriers as f64 / count as f64,
+                c.command_buffers as f64 / count as f64,
+            );
         }
     }
     if let Some(path) = trace {

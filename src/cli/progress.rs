@@ -16,7 +16,9 @@ impl Progress {
     pub fn new(total: u64, label: &str) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new(total);
-            if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} {elapsed}") {
+            if let Ok(style) =
+                ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} {elapsed}")
+            {
                 b.set_style(style.progress_chars("=> "));
             }
             b

@@ -88,10 +88,18 @@ pub fn run(a: RunArgs) -> Result<()> {
     let diag = a.diag.start(&mut exec)?;
     let t0 = Instant::now();
     let mut after = |exec: &mut weft::runtime::GraphExecutor, pos: std::ops::Range<u32>| {
-        diag.after_step(exec, pos).map_err(|e| weft::models::ModelError::Input(e.to_string()))
+        diag.after_step(exec, pos)
+            .map_err(|e| weft::models::ModelError::Input(e.to_string()))
     };
     let mut logits = model
-        .prefill_with(&mut exec, &mut cache, &prompt, &policy, LogitRows::Last, &mut after)
+        .prefill_with(
+            &mut exec,
+            &mut cache,
+            &prompt,
+            &policy,
+            LogitRows::Last,
+            &mut after,
+        )
         .context("prefill failed")?;
     let prompt_time = t0.elapsed();
     let mut history = prompt.clone();

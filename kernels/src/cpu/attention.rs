@@ -113,14 +113,21 @@ impl Ctx<'_> {
         let plain = self.p.ring.is_none();
         let (lo, hi) = if plain {
             let hi = (pos + 1).saturating_sub(tile.start).min(tile.len());
-            let oldest = self.p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+            let oldest = self
+                .p
+                .window
+                .map_or(0, |w| (pos + 1).saturating_sub(w as usize));
             (oldest.saturating_sub(tile.start).min(hi), hi)
         } else {
             (0, tile.len())
         };
         for (j, s) in kq.iter_mut().enumerate() {
             let seen = j >= lo && j < hi && (plain || self.visible(tile.start + j, pos));
-            *s = if seen { self.scaled(*s) } else { f32::NEG_INFINITY };
+            *s = if seen {
+                self.scaled(*s)
+            } else {
+                f32::NEG_INFINITY
+            };
         }
     }
 

@@ -336,7 +336,13 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,fma")]
-    pub unsafe fn accumulate(acc: *mut f32, d: usize, p: *const f32, vals: *const f32, keys: usize) {
+    pub unsafe fn accumulate(
+        acc: *mut f32,
+        d: usize,
+        p: *const f32,
+        vals: *const f32,
+        keys: usize,
+    ) {
         let regs = d / 16;
         let mut r = [_mm512_setzero_ps(); 16];
         for (k, reg) in r.iter_mut().enumerate().take(regs) {

@@ -9,7 +9,9 @@ use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use weft_kernels::cuda::cudarc::driver::{result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice};
+use weft_kernels::cuda::cudarc::driver::{
+    result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
+};
 use weft_kernels::cuda::DeviceTensor;
 use weft_ops::{Op, OpNode, Tensor};
 
@@ -93,9 +95,17 @@ impl CudaWork {
 /// The op with its per-step values cleared: what a captured graph depends on.
 fn structural(op: &Op) -> Op {
     match op {
-        Op::Attention(p) => Op::Attention(weft_ops::AttentionParams { q_position: 0, ..*p }),
-        Op::SetRows { ring, .. } => Op::SetRows { start: 0, ring: *ring },
-        Op::Write { .. } => Op::Write { data: Arc::from(Vec::new()) },
+        Op::Attention(p) => Op::Attention(weft_ops::AttentionParams {
+            q_position: 0,
+            ..*p
+        }),
+        Op::SetRows { ring, .. } => Op::SetRows {
+            start: 0,
+            ring: *ring,
+        },
+        Op::Write { .. } => Op::Write {
+            data: Arc::from(Vec::new()),
+        },
         other => other.clone(),
     }
 }
@@ -154,21 +164,37 @@ impl CudaBackend {
         }
     }
 
-    fn run(&self, cb: &CudaCommandBuffer) -> Result<(CudaEvent, Option<Arc<CachedGraph>>), RuntimeError> {
+    fn run(
+        &self,
+        cb: &CudaCommandBuffer,
+    ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>), RuntimeError> {
         let key = signature(cb);
-        let cached = self.graphs.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let cached = self
+            .graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
         let graph = match cached {
             Some(g) => g,
             None => {
                 let g = Arc::new(self.build(cb)?);
                 if self.use_graphs {
-                    self.graphs.lock().unwrap_or_else(|p| p.into_inner()).insert(key, Arc::clone(&g));
+                    self.graphs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key, Arc::clone(&g));
                 }
                 g
             }
         };
         self.load_step_values(&graph, cb)?;
-        let launched = graph.graph.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(CudaGraph::launch);
+        let launched = graph
+            .graph
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(CudaGraph::launch);
         match launched {
             Some(r) => {
                 r.map_err(driver)?;
@@ -180,7 +206,8 @@ impl CudaBackend {
             }
         }
         let done = self.main.record_event(None).map_err(driver)?;
-        *graph.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.main.record_event(None).map_err(driver)?);
+        *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(self.main.record_event(None).map_err(driver)?);
         Ok((done, Some(graph)))
     }
 
@@ -208,7 +235,8 @@ impl CudaBackend {
             scratch_len += self.kernels.scratch_bytes(&n.node).next_multiple_of(256);
         }
         // SAFETY: pinned memory is written before any copy reads it.
-        let staging = unsafe { self.ctx.alloc_pinned::<u8>(staging_len.max(64)) }.map_err(driver)?;
+        let staging =
+            unsafe { self.ctx.alloc_pinned::<u8>(staging_len.max(64)) }.map_err(driver)?;
         let g = CachedGraph {
             graph: Mutex::new(None),
             step: self.alloc(step_len.max(1) * 4)?,
@@ -222,7 +250,9 @@ impl CudaBackend {
         self.main.synchronize().map_err(driver)?;
         if self.use_graphs {
             self.stats.captures.fetch_add(1, Ordering::Relaxed);
-            self.main.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
+            self.main
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver)?;
             let launched = self.launch_levels(cb, &g, true);
             let captured = self.main.end_capture(sys::CUgraphInstantiate_flags(0));
             launched?;
@@ -232,7 +262,11 @@ impl CudaBackend {
     }
 
     /// Writes this step's scalars and uploads into the graph's memory.
-    fn load_step_values(&self, g: &CachedGraph, cb: &CudaCommandBuffer) -> Result<(), RuntimeError> {
+    fn load_step_values(
+        &self,
+        g: &CachedGraph,
+        cb: &CudaCommandBuffer,
+    ) -> Result<(), RuntimeError> {
         if let Some(prev) = g.last.lock().unwrap_or_else(|p| p.into_inner()).take() {
             prev.synchronize().map_err(driver)?;
         }
@@ -243,7 +277,8 @@ impl CudaBackend {
         if !values.is_empty() {
             // SAFETY: the step buffer holds step_len u32s; the copy is ordered
             // before the launch on the same stream (pageable source: staged now).
-            unsafe { result::memcpy_htod_async(g.step.ptr, &values, self.main.cu_stream()) }.map_err(driver)?;
+            unsafe { result::memcpy_htod_async(g.step.ptr, &values, self.main.cu_stream()) }
+                .map_err(driver)?;
         }
         let mut staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = staging.as_mut_slice().map_err(driver)?;
@@ -257,7 +292,12 @@ impl CudaBackend {
 
     /// Enqueues every node, level by level: a level's nodes go round-robin
     /// to the streams, and the level ends with a join on the main stream.
-    fn launch_levels(&self, cb: &CudaCommandBuffer, g: &CachedGraph, capturing: bool) -> Result<(), RuntimeError> {
+    fn launch_levels(
+        &self,
+        cb: &CudaCommandBuffer,
+        g: &CachedGraph,
+        capturing: bool,
+    ) -> Result<(), RuntimeError> {
         let staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
         let host = staging.as_slice().map_err(driver)?;
         let mut events = Vec::new();
@@ -272,12 +312,22 @@ impl CudaBackend {
                 events.push(fork);
             }
             for (k, i) in level.clone().enumerate() {
-                let stream: &Arc<CudaStream> = if k % width == 0 { &self.main } else { &self.branches[k % width - 1] };
+                let stream: &Arc<CudaStream> = if k % width == 0 {
+                    &self.main
+                } else {
+                    &self.branches[k % width - 1]
+                };
                 let n = &cb.nodes[i];
                 let step = g.step.ptr + 4 * g.step_offsets[i] as u64;
                 let node_scratch = scratch;
                 scratch += self.kernels.scratch_bytes(&n.node).next_multiple_of(256) as u64;
-                self.launch_node(stream, n, g.write_offsets[i].map(|at| &host[at..]), node_scratch, step)?;
+                self.launch_node(
+                    stream,
+                    n,
+                    g.write_offsets[i].map(|at| &host[at..]),
+                    node_scratch,
+                    step,
+                )?;
             }
             if width > 1 {
                 for s in &self.branches[..width - 1] {
@@ -292,7 +342,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn launch_node(&self, stream: &Arc<CudaStream>, n: &CudaNode, staged: Option<&[u8]>, scratch: u64, step: u64) -> Result<(), RuntimeError> {
+    fn launch_node(
+        &self,
+        stream: &Arc<CudaStream>,
+        n: &CudaNode,
+        staged: Option<&[u8]>,
+        scratch: u64,
+        step: u64,
+    ) -> Result<(), RuntimeError> {
         let fail = |e: weft_ops::OpError| RuntimeError::Execution {
             op: n.node.op.name(),
             label: n.label.clone(),
@@ -301,9 +358,16 @@ impl CudaBackend {
         if let (Op::Write { data }, Some(src)) = (&n.node.op, staged) {
             // SAFETY: the output lies in a live device buffer; `src` is pinned
             // staging that lives as long as the graph.
-            return unsafe { result::memcpy_htod_async(n.outs[0].ptr, &src[..data.len()], stream.cu_stream()) }.map_err(driver);
+            return unsafe {
+                result::memcpy_htod_async(n.outs[0].ptr, &src[..data.len()], stream.cu_stream())
+            }
+            .map_err(driver);
         }
         // SAFETY: every tensor was resolved to live device memory of its size.
-        unsafe { self.kernels.launch(stream, &n.node, &n.ins, &n.outs, scratch, step) }.map_err(fail)
+        unsafe {
+            self.kernels
+                .launch(stream, &n.node, &n.ins, &n.outs, scratch, step)
+        }
+        .map_err(fail)
     }
 }

@@ -73,7 +73,9 @@ impl CudaBackend {
         // orders all work itself (streams, events, graph dependencies).
         unsafe { ctx.disable_event_tracking() };
         let main = ctx.new_stream().map_err(driver)?;
-        let branches = (1..BRANCH_STREAMS).map(|_| ctx.new_stream().map_err(driver)).collect::<Result<_, _>>()?;
+        let branches = (1..BRANCH_STREAMS)
+            .map(|_| ctx.new_stream().map_err(driver))
+            .collect::<Result<_, _>>()?;
         let kernels = CudaKernels::new(Arc::clone(&ctx))?;
         let use_graphs = std::env::var("WEFT_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0");
         Ok(CudaBackend {
@@ -89,12 +91,19 @@ impl CudaBackend {
 
     /// Zeroed device memory.
     pub(crate) fn alloc(&self, len: usize) -> Result<DeviceBuffer, RuntimeError> {
-        let slice = self.main.alloc_zeros::<u8>(len.max(1)).map_err(|e| RuntimeError::OutOfMemory {
-            bytes: len as u64,
-            name: format!("cuda: {e:?}"),
-        })?;
+        let slice =
+            self.main
+                .alloc_zeros::<u8>(len.max(1))
+                .map_err(|e| RuntimeError::OutOfMemory {
+                    bytes: len as u64,
+                    name: format!("cuda: {e:?}"),
+                })?;
         let (ptr, _guard) = slice.device_ptr(&self.main);
-        Ok(DeviceBuffer { _slice: slice, ptr, len })
+        Ok(DeviceBuffer {
+            _slice: slice,
+            ptr,
+            len,
+        })
     }
 
     /// Copies host bytes to `dst + offset`, waiting for the copy.
@@ -109,7 +118,8 @@ impl CudaBackend {
         self.synchronize()?;
         let mut out = vec![0u8; len];
         // SAFETY: src..src+len lies in a live allocation (checked by the caller).
-        unsafe { result::memcpy_dtoh_async(&mut out, src, self.main.cu_stream()) }.map_err(driver)?;
+        unsafe { result::memcpy_dtoh_async(&mut out, src, self.main.cu_stream()) }
+            .map_err(driver)?;
         self.main.synchronize().map_err(driver)?;
         Ok(out)
     }
@@ -129,6 +139,10 @@ impl CudaBackend {
 
     pub(crate) fn graph_counts(&self) -> (u64, u64, u64) {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        (g(&self.stats.captures), g(&self.stats.replays), g(&self.stats.eager))
+        (
+            g(&self.stats.captures),
+            g(&self.stats.replays),
+            g(&self.stats.eager),
+        )
     }
 }
