@@ -7,10 +7,9 @@
 //! prefill chunk or a decode token) through the builder API, with the KV
 //! cache and pool scopes a real model uses.
 
-use weft::models::step::{run_step, LogitRows};
-use weft::models::ModelError;
+use weft::models::{LogitRows, ModelError};
 use weft::ops::{AttentionParams, Builder, DType, Tensor};
-use weft::runtime::cache::{CacheConfig, CacheSpan, KvCache, LayerSpec};
+use weft::runtime::cache::{run_step, CacheConfig, CacheSpan, KvCache, LayerSpec};
 use weft::runtime::{GraphExecutor, GraphSession, PoolScope};
 
 /// Sizes of the toy model.
