@@ -1,17 +1,21 @@
 //! Per-buffer interval maps of the highest level that wrote or read each byte.
 //!
 //! This is what makes the reorder pass exact and fast: a node's level is one
-//! more than the highest level of any earlier access it conflicts with, and the
-//! map answers that for a byte range in O(log n + segments touched).
+//! more than the highest level of any earlier access it conflicts with, and
+//! the map answers that for a byte range by a binary search plus the
+//! segments the range touches. Each buffer keeps a sorted vector of disjoint
+//! segments: model recordings touch whole tensors, so most buffers hold a
+//! handful of segments and a lookup is a few comparisons.
 
 use crate::range::{BufferId, ByteRange};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Buffer ids below this index a plain vector; larger ones a hash map.
 const DENSE_IDS: u32 = 1 << 16;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Segment {
+    start: u64,
     end: u64,
     /// Highest level of a write covering these bytes (0: none).
     write: u32,
@@ -22,17 +26,24 @@ struct Segment {
 /// Access levels of every byte touched so far, per buffer.
 #[derive(Default)]
 pub(crate) struct AccessMap {
-    dense: Vec<BTreeMap<u64, Segment>>,
-    sparse: HashMap<BufferId, BTreeMap<u64, Segment>>,
+    dense: Vec<Vec<Segment>>,
+    sparse: HashMap<BufferId, Vec<Segment>>,
+    /// Reused for the segments that replace an updated region.
+    scratch: Vec<Segment>,
+}
+
+/// Index of the first segment ending after `at` (segments are sorted and disjoint).
+fn first_after(segs: &[Segment], at: u64) -> usize {
+    segs.partition_point(|s| s.end <= at)
 }
 
 impl AccessMap {
     pub(crate) fn clear(&mut self) {
-        self.dense.iter_mut().for_each(BTreeMap::clear);
+        self.dense.iter_mut().for_each(Vec::clear);
         self.sparse.clear();
     }
 
-    fn get(&self, id: BufferId) -> Option<&BTreeMap<u64, Segment>> {
+    fn get(&self, id: BufferId) -> Option<&Vec<Segment>> {
         if id.0 < DENSE_IDS {
             self.dense.get(id.0 as usize)
         } else {
@@ -40,37 +51,32 @@ impl AccessMap {
         }
     }
 
-    fn get_mut(&mut self, id: BufferId) -> &mut BTreeMap<u64, Segment> {
+    /// The buffer's segments and the scratch vector.
+    fn get_mut(&mut self, id: BufferId) -> (&mut Vec<Segment>, &mut Vec<Segment>) {
+        let scratch = &mut self.scratch;
+        scratch.clear();
         if id.0 < DENSE_IDS {
             let i = id.0 as usize;
             if i >= self.dense.len() {
-                self.dense.resize_with(i + 1, BTreeMap::new);
+                self.dense.resize_with(i + 1, Vec::new);
             }
-            &mut self.dense[i]
+            (&mut self.dense[i], scratch)
         } else {
-            self.sparse.entry(id).or_default()
+            (self.sparse.entry(id).or_default(), scratch)
         }
     }
 
     /// Highest level a new access to `range` must follow: earlier writes for a
     /// read; earlier writes and reads for a write.
     pub(crate) fn conflict_level(&self, range: &ByteRange, writing: bool) -> u32 {
-        let Some(map) = self.get(range.buffer) else {
+        let Some(segs) = self.get(range.buffer) else {
             return 0;
         };
-        // Fast path: a segment with exactly these bounds (whole tensors);
-        // segments are disjoint, so it is the only one overlapping.
-        if let Some(seg) = map.get(&range.start) {
-            if seg.end == range.end {
-                return if writing {
-                    seg.write.max(seg.read)
-                } else {
-                    seg.write
-                };
-            }
-        }
         let mut level = 0;
-        for seg in overlapping(map, range.start, range.end) {
+        for seg in &segs[first_after(segs, range.start)..] {
+            if seg.start >= range.end {
+                break;
+            }
             level = level.max(seg.write);
             if writing {
                 level = level.max(seg.read);
@@ -82,97 +88,70 @@ impl AccessMap {
     /// Notes that a node at `level` wrote `range`. Earlier reads of those bytes
     /// are all below `level`, so the write level alone orders later accesses.
     pub(crate) fn note_write(&mut self, range: &ByteRange, level: u32) {
-        let map = self.get_mut(range.buffer);
-        if let Some(seg) = map.get_mut(&range.start) {
-            if seg.end == range.end {
-                *seg = Segment {
-                    end: range.end,
-                    write: level,
-                    read: 0,
-                };
-                return;
-            }
+        let (segs, replacement) = self.get_mut(range.buffer);
+        let (s, e) = (range.start, range.end);
+        let lo = first_after(segs, s);
+        let hi = lo + segs[lo..].iter().take_while(|g| g.start < e).count();
+        if let Some(first) = segs.get(lo).filter(|g| lo < hi && g.start < s) {
+            replacement.push(Segment { end: s, ..*first });
         }
-        split_at(map, range.start);
-        split_at(map, range.end);
-        while let Some((&s, _)) = map.range(range.start..range.end).next() {
-            map.remove(&s);
+        replacement.push(Segment {
+            start: s,
+            end: e,
+            write: level,
+            read: 0,
+        });
+        if let Some(last) = segs.get(hi.wrapping_sub(1)).filter(|g| hi > lo && g.end > e) {
+            replacement.push(Segment { start: e, ..*last });
         }
-        map.insert(
-            range.start,
-            Segment {
-                end: range.end,
-                write: level,
-                read: 0,
-            },
-        );
+        segs.splice(lo..hi, replacement.drain(..));
     }
 
     /// Notes that a node at `level` read `range`.
     pub(crate) fn note_read(&mut self, range: &ByteRange, level: u32) {
-        let map = self.get_mut(range.buffer);
-        if let Some(seg) = map.get_mut(&range.start) {
-            if seg.end == range.end {
-                seg.read = seg.read.max(level);
-                return;
+        let (segs, replacement) = self.get_mut(range.buffer);
+        let (s, e) = (range.start, range.end);
+        let lo = first_after(segs, s);
+        let hi = lo + segs[lo..].iter().take_while(|g| g.start < e).count();
+        // Fast path: one segment with exactly these bounds.
+        if hi == lo + 1 && segs[lo].start == s && segs[lo].end == e {
+            segs[lo].read = segs[lo].read.max(level);
+            return;
+        }
+        let mut cursor = s;
+        for g in &segs[lo..hi] {
+            if g.start < s {
+                replacement.push(Segment { end: s, ..*g });
             }
-        }
-        split_at(map, range.start);
-        split_at(map, range.end);
-        // Raise existing segments, then fill the gaps between them.
-        let mut cursor = range.start;
-        let mut gaps = Vec::new();
-        for (&s, seg) in map.range_mut(range.start..range.end) {
-            if s > cursor {
-                gaps.push((cursor, s));
-            }
-            seg.read = seg.read.max(level);
-            cursor = seg.end;
-        }
-        if cursor < range.end {
-            gaps.push((cursor, range.end));
-        }
-        for (s, e) in gaps {
-            map.insert(
-                s,
-                Segment {
-                    end: e,
+            let (a, b) = (g.start.max(s), g.end.min(e));
+            if a > cursor {
+                replacement.push(Segment {
+                    start: cursor,
+                    end: a,
                     write: 0,
                     read: level,
-                },
-            );
+                });
+            }
+            replacement.push(Segment {
+                start: a,
+                end: b,
+                write: g.write,
+                read: g.read.max(level),
+            });
+            if g.end > e {
+                replacement.push(Segment { start: e, ..*g });
+            }
+            cursor = b;
         }
-    }
-}
-
-/// Segments overlapping `start..end`.
-fn overlapping(
-    map: &BTreeMap<u64, Segment>,
-    start: u64,
-    end: u64,
-) -> impl Iterator<Item = &Segment> {
-    let before = map
-        .range(..start)
-        .next_back()
-        .map(|(_, seg)| seg)
-        .filter(|seg| seg.end > start);
-    before
-        .into_iter()
-        .chain(map.range(start..end).map(|(_, seg)| seg))
-}
-
-/// Splits the segment containing `at` (if any) so that a segment starts at `at`.
-fn split_at(map: &mut BTreeMap<u64, Segment>, at: u64) {
-    let Some((&s, seg)) = map.range(..at).next_back() else {
-        return;
-    };
-    if seg.end > at {
-        let tail = Segment {
-            end: seg.end,
-            ..*seg
-        };
-        map.get_mut(&s).expect("segment just found").end = at;
-        map.insert(at, tail);
+        if cursor < e {
+            replacement.push(Segment {
+                start: cursor,
+                end: e,
+                write: 0,
+                read: level,
+            });
+        }
+        segs.splice(lo..hi, replacement.drain(..));
     }
 }
 
@@ -198,5 +177,27 @@ mod tests {
         assert_eq!(m.conflict_level(&r(65, 66), false), 3);
         assert_eq!(m.conflict_level(&r(55, 60), true), 2);
         assert_eq!(m.conflict_level(&r(150, 160), true), 0);
+        m.note_write(&r(10, 20), 4);
+        assert_eq!(m.conflict_level(&r(0, 5), true), 1);
+        assert_eq!(m.conflict_level(&r(15, 16), false), 4);
+    }
+
+    #[test]
+    fn segments_stay_sorted_and_disjoint() {
+        let mut m = AccessMap::default();
+        let mut x = 12345u64;
+        for i in 0..2000u32 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let s = (x >> 33) % 1000;
+            let len = 1 + (x >> 20) % 50;
+            if i % 3 == 0 {
+                m.note_write(&r(s, s + len), i + 1);
+            } else {
+                m.note_read(&r(s, s + len), i + 1);
+            }
+            let segs = &m.dense[0];
+            assert!(segs.windows(2).all(|w| w[0].end <= w[1].start));
+            assert!(segs.iter().all(|g| g.start < g.end));
+        }
     }
 }
