@@ -317,6 +317,25 @@ impl GraphExecutor {
         c
     }
 
+    /// CUDA graph figures so far: `(captures, replays, eager launches)`;
+    /// `None` on other devices.
+    pub fn graph_stats(&self) -> Option<(u64, u64, u64)> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            return Some(cuda.graph_counts());
+        }
+        None
+    }
+
+    /// The device's name (the GPU's marketing name on CUDA).
+    pub fn device_name(&self) -> String {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            return cuda.name();
+        }
+        self.device.to_string()
+    }
+
     /// Pool figures.
     pub fn pool_stats(&self) -> PoolStats {
         self.pools.stats

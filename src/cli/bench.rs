@@ -48,6 +48,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let whole = ChunkPolicy::single(a.pp.max(1));
     let reps = a.reps.max(1);
     let diag = a.diag.start(&mut exec)?;
+    let mut tg_graphs = None;
     let (mut pp_tps, mut tg_tps) = (Vec::new(), Vec::new());
     let (mut pp_counters, mut tg_counters) = (None, None);
     // One warm-up of each, then the measured repetitions.
@@ -67,6 +68,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.tg > 0 {
             cache.reset();
             let before = exec.counters();
+            let graphs_before = exec.graph_stats();
             let t = Instant::now();
             for _ in 0..a.tg {
                 let tok = rng.below(vocab) as u32;
@@ -76,6 +78,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if rep > 0 {
                 tg_tps.push(a.tg as f64 / secs);
                 tg_counters = Some(exec.counters() - before);
+                if let (Some(b), Some(now)) = (graphs_before, exec.graph_stats()) {
+                    tg_graphs = Some((now.0 - b.0, now.1 - b.1, now.2 - b.2));
+                }
             }
         }
     }
@@ -96,6 +101,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let v = serde_json::json!({
             "model": model.name,
             "backend": exec.device().to_string(),
+            "device": exec.device_name(),
+            "graph_captures_per_token": tg_graphs.map(|g| g.0 as f64 / a.tg.max(1) as f64),
+            "graph_replays_per_token": tg_graphs.map(|g| g.1 as f64 / a.tg.max(1) as f64),
+            "eager_command_buffers_per_token": tg_graphs.map(|g| g.2 as f64 / a.tg.max(1) as f64),
             "threads": exec.threads(),
             "reorder": exec.config().reorder,
             "pp_tokens": a.pp,

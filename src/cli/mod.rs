@@ -74,6 +74,10 @@ pub struct ModelArgs {
     /// `WEFT_REORDER=0`).
     #[arg(long)]
     pub no_reorder: bool,
+    /// Where to run: `auto` (a GPU when this build and machine have one,
+    /// else the CPU, saying why), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
 }
 
 impl ModelArgs {
@@ -120,7 +124,35 @@ impl ModelArgs {
             config.cut.layers_per_cb = Some(k);
         }
         config.graph_diag = s.graph_diag.unwrap_or(false);
-        Ok(GraphExecutor::with_config(Device::Cpu, config)?)
+        Ok(GraphExecutor::with_config(self.device()?, config)?)
+    }
+
+    /// The device `--backend` names.
+    pub fn device(&self) -> Result<Device> {
+        let b = self.backend.trim();
+        let device = match b {
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda(0),
+            "auto" => {
+                if cfg!(feature = "cuda") {
+                    match Device::Cuda(0).unavailable_reason() {
+                        None => return Ok(Device::Cuda(0)),
+                        Some(why) => {
+                            eprintln!("note: running on the CPU: CUDA is unavailable ({why})")
+                        }
+                    }
+                }
+                Device::Cpu
+            }
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => Device::Cuda(i),
+                _ => anyhow::bail!("--backend `{other}` is not one of: auto, cpu, cuda, cuda:N"),
+            },
+        };
+        if let Some(why) = device.unavailable_reason() {
+            anyhow::bail!("--backend {b}: {why}");
+        }
+        Ok(device)
     }
 
     /// Executor plus loaded model.

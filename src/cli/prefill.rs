@@ -204,6 +204,7 @@ struct Run {
     layers_per_cb: Option<u32>,
     prefill_windows: Option<u32>,
     threads: Option<usize>,
+    backend: Option<String>,
     repetitions: usize,
 }
 
@@ -323,6 +324,7 @@ fn plan(src: &Source<'_>, base: &Path) -> Result<Vec<(Run, Prompt)>> {
                             layers_per_cb,
                             prefill_windows,
                             threads: t,
+                            backend: k.backend.clone(),
                             repetitions: k.repetitions.unwrap_or(3),
                         };
                         runs.push((run, prompt.clone()));
@@ -411,6 +413,7 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
         threads: run.threads,
         layers_per_cb: run.layers_per_cb,
         no_reorder: !run.reorder,
+        backend: run.backend.clone().unwrap_or_else(|| "cpu".into()),
     };
     let (mut exec, model) = args.load()?;
     let tokens: Vec<u32> = match prompt {
