@@ -4,6 +4,7 @@
 //! Invariant: model code records nodes; it never calls a kernel.
 
 mod error;
+pub mod deepseek4;
 pub mod eval;
 pub mod fetch;
 pub mod gemma3;

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dsv4;
 pub mod dtype;
 mod error;
 pub mod quant;

@@ -1,0 +1,299 @@
+//! DeepSeek-V4 hyper-parameters from `deepseek4.*` GGUF metadata (the keys
+//! antirez/ds4 and llama.cpp's `deepseek4` loaders read), with the checks a
+//! forward pass relies on, and the two rotary embeddings (sliding layers:
+//! plain; compressed layers: their own base with YaRN).
+
+use crate::gguf::GgufFile;
+use crate::ModelError;
+use weft_ops::dsv4::{TailRopeParams, YarnScaling};
+
+/// `expert_gating_func` code for `sqrt(softplus(logit))` scores.
+pub const GATING_SQRT_SOFTPLUS: u32 = 4;
+
+/// What a layer's attention sees besides its window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Sliding window only (ratio 0).
+    Window,
+    /// Compressed sparse attention: overlapping ratio-4 rows chosen by the indexer.
+    Csa,
+    /// Heavily compressed attention: every visible row of ratio `c`.
+    Hca(u32),
+}
+
+/// Hyper-parameters of a DeepSeek-V4 model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dsv4Config {
+    /// Transformer blocks `L` (the MTP block, if any, is not run).
+    pub layers: usize,
+    /// Hidden size `D`.
+    pub hidden: usize,
+    /// Vocabulary `V`.
+    pub vocab: usize,
+    /// Query heads `H`.
+    pub heads: usize,
+    /// Head dim `d` (queries, the shared K=V vector, compressed rows).
+    pub head_dim: usize,
+    /// Rotated dims `r` at the end of every head.
+    pub rope_dims: usize,
+    /// Low-rank query width `Q`.
+    pub q_lora: usize,
+    /// Output groups `G`.
+    pub out_groups: usize,
+    /// Per-group output rank `R`.
+    pub out_rank: usize,
+    /// Sliding window `W` (keys per query, its own included).
+    pub window: u32,
+    /// Compression ratio per layer (0: window only, 4: CSA, other: HCA).
+    pub ratios: Vec<u32>,
+    /// RoPE base of sliding layers.
+    pub rope_base: f32,
+    /// RoPE base of compressed layers.
+    pub compress_rope_base: f32,
+    /// YaRN of compressed layers.
+    pub yarn: Option<YarnScaling>,
+    /// Indexer heads `IH`.
+    pub indexer_heads: usize,
+    /// Indexer head dim `ID`.
+    pub indexer_dim: usize,
+    /// Compressed rows a CSA query keeps.
+    pub indexer_top_k: usize,
+    /// Epsilon of every RMS norm.
+    pub rms_eps: f32,
+    /// Routed experts `E`.
+    pub experts: usize,
+    /// Experts per token `k`.
+    pub experts_used: usize,
+    /// Inner width `F` of every expert (routed and shared).
+    pub expert_ff: usize,
+    /// Routed scaling factor.
+    pub routed_scale: f32,
+    /// Renormalise the routed weights over the selected experts.
+    pub weights_norm: bool,
+    /// The first `hash_layers` layers route by token id.
+    pub hash_layers: usize,
+    /// SwiGLU clamp of the routed experts, per layer.
+    pub clamp_exp: Vec<f32>,
+    /// SwiGLU clamp of the shared expert, per layer.
+    pub clamp_shexp: Vec<f32>,
+    /// Hyper-connection streams.
+    pub hc: usize,
+    /// Sinkhorn iterations.
+    pub sinkhorn_iters: usize,
+    /// Hyper-connection epsilon.
+    pub hc_eps: f32,
+    /// Nominal context length.
+    pub context: u32,
+}
+
+fn shape(msg: String) -> ModelError {
+    ModelError::Shape(format!("deepseek4: {msg}"))
+}
+
+impl Dsv4Config {
+    /// Reads and checks the config of a `deepseek4` file.
+    pub fn from_gguf(file: &GgufFile) -> Result<Dsv4Config, ModelError> {
+        let key = |k: &str| format!("deepseek4.{k}");
+        let req =
+            |k: &str| -> Result<usize, ModelError> { Ok(file.require_u32(&key(k))? as usize) };
+        let opt = |k: &str, default: usize| -> Result<usize, ModelError> {
+            Ok(file.get_u32(&key(k))?.map_or(default, |v| v as usize))
+        };
+        let optf = |k: &str, default: f32| -> Result<f32, ModelError> {
+            Ok(file.get_f32(&key(k))?.unwrap_or(default))
+        };
+        let layers = req("block_count")?;
+        let hidden = req("embedding_length")?;
+        let heads = req("attention.head_count")?;
+        let head_dim = req("attention.key_length")?;
+        let value_len = opt("attention.value_length", head_dim)?;
+        let kv_heads = opt("attention.head_count_kv", 1)?;
+        if value_len != head_dim || kv_heads != 1 {
+            return Err(ModelError::Unsupported(format!(
+                "deepseek4 with {kv_heads} kv heads, key length {head_dim}, value length {value_len} (the architecture shares one K=V head)"
+            )));
+        }
+        let ratios_all = file
+            .get_u32_array(&key("attention.compress_ratios"))?
+            .ok_or_else(|| shape("missing deepseek4.attention.compress_ratios".into()))?;
+        if ratios_all.len() < layers {
+            return Err(shape(format!(
+                "attention.compress_ratios has {} entries for {layers} layers",
+                ratios_all.len()
+            )));
+        }
+        let ratios = ratios_all[..layers].to_vec();
+        let yarn = match file.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => None,
+            Some("yarn") => Some(YarnScaling {
+                factor: optf("rope.scaling.factor", 1.0)?,
+                orig_ctx: opt("rope.scaling.original_context_length", 0)? as u32,
+                beta_fast: optf("rope.scaling.yarn_beta_fast", 32.0)?,
+                beta_slow: optf("rope.scaling.yarn_beta_slow", 1.0)?,
+            }),
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "deepseek4 rope scaling `{other}` (expects yarn)"
+                )))
+            }
+        };
+        let per_layer = |k: &str| -> Result<Vec<f32>, ModelError> {
+            let v = file
+                .get_f32_array(&key(k))?
+                .map(|v| v.into_owned())
+                .unwrap_or_else(|| vec![0.0; layers]);
+            if v.len() < layers {
+                return Err(shape(format!(
+                    "{k} has {} entries for {layers} layers",
+                    v.len()
+                )));
+            }
+            Ok(v[..layers].to_vec())
+        };
+        let gating = opt("expert_gating_func", GATING_SQRT_SOFTPLUS as usize)? as u32;
+        if gating != GATING_SQRT_SOFTPLUS {
+            return Err(ModelError::Unsupported(format!(
+                "deepseek4 expert_gating_func {gating} (weft implements {GATING_SQRT_SOFTPLUS}, sqrt(softplus))"
+            )));
+        }
+        let groups = opt("expert_group_count", 0)?;
+        if groups > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "deepseek4 group-limited routing ({groups} groups)"
+            )));
+        }
+        let vocab = match file.get_u32(&key("vocab_size"))? {
+            Some(v) => v as usize,
+            None => file
+                .get_str_array("tokenizer.ggml.tokens")?
+                .map_or(0, |t| t.len()),
+        };
+        let c = Dsv4Config {
+            layers,
+            hidden,
+            vocab,
+            heads,
+            head_dim,
+            rope_dims: req("rope.dimension_count")?,
+            q_lora: req("attention.q_lora_rank")?,
+            out_groups: req("attention.output_group_count")?,
+            out_rank: req("attention.output_lora_rank")?,
+            window: req("attention.sliding_window")? as u32,
+            ratios,
+            rope_base: optf("rope.freq_base", 10000.0)?,
+            compress_rope_base: optf("attention.compress_rope_freq_base", 160000.0)?,
+            yarn,
+            indexer_heads: opt("attention.indexer.head_count", 0)?,
+            indexer_dim: opt("attention.indexer.key_length", 0)?,
+            indexer_top_k: opt("attention.indexer.top_k", 0)?,
+            rms_eps: optf("attention.layer_norm_rms_epsilon", 1e-6)?,
+            experts: req("expert_count")?,
+            experts_used: req("expert_used_count")?,
+            expert_ff: req("expert_feed_forward_length")?,
+            routed_scale: optf("expert_weights_scale", 1.0)?,
+            weights_norm: file.get_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+            hash_layers: opt("hash_layer_count", 0)?,
+            clamp_exp: per_layer("swiglu_clamp_exp")?,
+            clamp_shexp: per_layer("swiglu_clamp_shexp")?,
+            hc: req("hyper_connection.count")?,
+            sinkhorn_iters: opt("hyper_connection.sinkhorn_iterations", 20)?,
+            hc_eps: optf("hyper_connection.epsilon", 1e-6)?,
+            context: opt("context_length", 1 << 20)? as u32,
+        };
+        let shared = opt("expert_shared_count", 1)?;
+        if shared != 1 {
+            return Err(ModelError::Unsupported(format!(
+                "deepseek4 with {shared} shared experts (the architecture has one)"
+            )));
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the relations the forward pass relies on.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let c = self;
+        if c.layers == 0 || c.hidden == 0 || c.heads == 0 || c.head_dim == 0 || c.vocab == 0 {
+            return Err(shape(format!(
+                "{} layers, hidden {}, {} heads of {}, vocabulary {}: all must be positive",
+                c.layers, c.hidden, c.heads, c.head_dim, c.vocab
+            )));
+        }
+        if c.rope_dims == 0 || c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim {
+            return Err(shape(format!(
+                "rope.dimension_count {} for heads of {}",
+                c.rope_dims, c.head_dim
+            )));
+        }
+        if c.out_groups == 0 || c.heads % c.out_groups != 0 {
+            return Err(shape(format!(
+                "{} heads in {} output groups",
+                c.heads, c.out_groups
+            )));
+        }
+        if c.window == 0 || c.hc == 0 || c.sinkhorn_iters == 0 {
+            return Err(shape(format!(
+                "window {}, {} streams, {} Sinkhorn iterations: all must be positive",
+                c.window, c.hc, c.sinkhorn_iters
+            )));
+        }
+        if c.experts_used == 0 || c.experts_used > c.experts || c.hash_layers > c.layers {
+            return Err(shape(format!(
+                "{} of {} experts per token, {} hash layers of {}",
+                c.experts_used, c.experts, c.hash_layers, c.layers
+            )));
+        }
+        if c.ratios.contains(&4)
+            && (c.indexer_heads == 0
+                || c.indexer_dim == 0
+                || c.indexer_top_k == 0
+                || c.indexer_dim < c.rope_dims)
+        {
+            return Err(shape(format!(
+                "CSA layers need an indexer: {} heads of {}, top-k {} (rope dims {})",
+                c.indexer_heads, c.indexer_dim, c.indexer_top_k, c.rope_dims
+            )));
+        }
+        Ok(())
+    }
+
+    /// What layer `l` attends to.
+    pub fn kind(&self, l: usize) -> LayerKind {
+        match self.ratios[l] {
+            0 => LayerKind::Window,
+            4 => LayerKind::Csa,
+            c => LayerKind::Hca(c),
+        }
+    }
+
+    /// Compression ratio of layer `l` (0: none).
+    pub fn ratio(&self, l: usize) -> u32 {
+        self.ratios[l]
+    }
+
+    /// Width of the mixer output: `(2 + hc) * hc`.
+    pub fn mix(&self) -> usize {
+        (2 + self.hc) * self.hc
+    }
+
+    /// The rotary embedding of layer `l` over heads of `head_dim`.
+    pub fn rope(&self, l: usize, head_dim: usize, inverse: bool) -> TailRopeParams {
+        let compressed = self.ratios[l] != 0;
+        TailRopeParams {
+            head_dim,
+            n_dims: self.rope_dims,
+            base: if compressed {
+                self.compress_rope_base
+            } else {
+                self.rope_base
+            },
+            yarn: if compressed { self.yarn } else { None },
+            inverse,
+        }
+    }
+
+    /// True for layers that route by token id.
+    pub fn is_hash_layer(&self, l: usize) -> bool {
+        l < self.hash_layers
+    }
+}

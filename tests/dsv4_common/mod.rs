@@ -1,0 +1,136 @@
+//! Shared set-up of the DeepSeek-V4 tests: the tiny fixtures of
+//! `../shared/reference/dsv4_tiny/` (GGUF, reference.json, logits files)
+//! and comparison helpers.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// One fixture case: a GGUF and one prompt's expected outputs.
+pub struct Fixture {
+    /// `flash-tiny`, `flash-tiny-short`.
+    pub config: &'static str,
+    /// `""`, `"_p375"`, `"_p43"`.
+    pub tag: &'static str,
+    pub dir: PathBuf,
+    pub json: serde_json::Value,
+    pub prompt: Vec<u32>,
+    pub vocab: usize,
+}
+
+/// Every case: two configs, two prompts each.
+pub const CASES: [(&str, &str); 4] = [
+    ("flash-tiny-short", ""),
+    ("flash-tiny-short", "_p43"),
+    ("flash-tiny", ""),
+    ("flash-tiny", "_p375"),
+];
+
+/// `$WEFT_REFERENCE_DIR/dsv4_tiny`, else the first `shared/reference/dsv4_tiny`
+/// beside the workspace or one of its parents.
+pub fn fixture_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return PathBuf::from(dir).join("dsv4_tiny");
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    root.ancestors()
+        .map(|a| a.join("shared/reference/dsv4_tiny"))
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| root.join("../shared/reference/dsv4_tiny"))
+}
+
+impl Fixture {
+    pub fn load(config: &'static str, tag: &'static str) -> Fixture {
+        let dir = fixture_root().join(config);
+        let path = dir.join(format!("reference{tag}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let json: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+        let prompt = serde_json::from_value(json["prompt"]["token_ids"].clone()).expect("prompt");
+        let vocab = json["config"]["vocab"].as_u64().expect("vocab") as usize;
+        Fixture {
+            config,
+            tag,
+            dir,
+            json,
+            prompt,
+            vocab,
+        }
+    }
+
+    pub fn all() -> Vec<Fixture> {
+        CASES.iter().map(|&(c, t)| Fixture::load(c, t)).collect()
+    }
+
+    pub fn name(&self) -> String {
+        format!("{}{}", self.config, self.tag)
+    }
+
+    pub fn gguf(&self) -> PathBuf {
+        self.dir.join("model.gguf")
+    }
+
+    fn f32_file(&self, stem: &str) -> Vec<f32> {
+        let path = self.dir.join(format!("{stem}{}.f32", self.tag));
+        let bytes =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    /// Prefill logits `[S, V]`.
+    pub fn logits_all(&self) -> Vec<f32> {
+        self.f32_file("logits_all")
+    }
+
+    /// The logits behind each greedy token `[16, V]`.
+    pub fn greedy_logits(&self) -> Vec<f32> {
+        self.f32_file("greedy_logits")
+    }
+
+    pub fn argmax(&self) -> Vec<u32> {
+        serde_json::from_value(self.json["argmax"].clone()).expect("argmax")
+    }
+
+    pub fn greedy_tokens(&self) -> Vec<u32> {
+        serde_json::from_value(self.json["greedy"]["tokens"].clone()).expect("greedy tokens")
+    }
+
+    pub fn logits_last(&self) -> Vec<f32> {
+        serde_json::from_value(self.json["logits_last"].clone()).expect("logits_last")
+    }
+
+    /// `layers[l].last_position.streams`, flattened stream-major.
+    pub fn layer_streams(&self, l: usize) -> Vec<f32> {
+        let streams: Vec<Vec<f32>> =
+            serde_json::from_value(self.json["layers"][l]["last_position"]["streams"].clone())
+                .expect("streams");
+        streams.concat()
+    }
+
+    pub fn floats(&self, v: &serde_json::Value) -> Vec<f64> {
+        serde_json::from_value(v.clone()).expect("floats")
+    }
+}
+
+/// Index of the largest value (ties: lowest index).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Largest |a - b|.
+pub fn max_abs_diff<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| ((*x).into() - (*y).into()).abs())
+        .fold(0.0, f64::max)
+}
