@@ -12,6 +12,9 @@ use crate::OpError;
 use std::sync::Arc;
 use weft_graph::Label;
 
+mod dsv4;
+pub use dsv4::Dsv4Builder;
+
 /// What a session offers the builder.
 pub trait Recorder {
     /// A fresh tensor from the current pool scope.

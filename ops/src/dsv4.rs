@@ -132,9 +132,9 @@ pub struct CompressParams {
 /// [rows, head_dim]` (the indexer's compressed rows). Query `i` sits at
 /// `q_position + i` and sees rows `w < (q_position + i + 1) / ratio`.
 /// Score `I(w) = sum_h weights[h] * max(0, q_h . keys[w])`. Output `i32
-/// [n, top_k]`: the visible rows with the `top_k` largest scores in
-/// descending score order (ties: lower row first); all visible rows in
-/// ascending order when there are at most `top_k`; `-1` pads.
+/// [n, top_k]`: the visible rows with the `top_k` largest scores (ties:
+/// the lower row wins), or every visible row when there are at most
+/// `top_k`, in ascending row order; `-1` pads.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct IndexerParams {
     /// Indexer heads.

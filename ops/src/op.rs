@@ -170,6 +170,59 @@ pub enum Op {
         /// The bytes, exactly the output's size.
         data: Arc<[u8]>,
     },
+    /// DeepSeek-V4 rotary embedding of the last `n_dims` of each head
+    /// (interleaved pairs, YaRN frequencies, optionally inverse): inputs
+    /// `x f32 [n, heads * head_dim]`, `positions i32 [n]`. See
+    /// [`crate::dsv4::TailRopeParams`].
+    TailRope(crate::dsv4::TailRopeParams),
+    /// Hyper-connection coefficients (pre, post, Sinkhorn comb) from the
+    /// mixer's outputs: inputs `m f32 [n, mix]`, `scale f32 [3]` (`[1]` for
+    /// the head), `base f32 [mix]`; output `f32 [n, mix]`. See
+    /// [`crate::dsv4::HcMixParams`].
+    HcMix(crate::dsv4::HcMixParams),
+    /// Collapse of `hc` streams: `out = sum_k coeffs[k] x[k]`; inputs `x
+    /// f32 [n, hc * d]`, `coeffs f32 [n, c >= hc]` (the first `hc` columns
+    /// are used); output `f32 [n, d]`.
+    HcCollapse {
+        /// Number of streams.
+        hc: usize,
+    },
+    /// Hyper-connection post-mix: stream `j` of the output is `post[j] f +
+    /// sum_a comb[a][j] x[a]`; inputs `x f32 [n, hc * d]`, `f f32 [n, d]`,
+    /// `coeffs f32 [n, (2 + hc) hc]` (as [`Op::HcMix`] writes them);
+    /// output `f32 [n, hc * d]`.
+    HcExpand {
+        /// Number of streams.
+        hc: usize,
+    },
+    /// The KV compressor's gated pooling. See [`crate::dsv4::CompressParams`].
+    Compress(crate::dsv4::CompressParams),
+    /// Indexer scores and top-k over compressed rows. See
+    /// [`crate::dsv4::IndexerParams`].
+    IndexerTopK(crate::dsv4::IndexerParams),
+    /// Attention with sinks over a window ring plus compressed rows. See
+    /// [`crate::dsv4::SinkAttentionParams`].
+    SinkAttention(crate::dsv4::SinkAttentionParams),
+    /// Indexed (expert) matmul: `out[i, s] = w[ids[i, s]] @ x_row(i, s)`;
+    /// inputs `x [n, k]` or `[n * slots, k]` (f32), `w [e, m, k]` (any
+    /// weight type), `ids i32 [n, slots]`; output `f32 [n, slots * m]`.
+    /// `x_row(i, s)` is row `i` of an `[n, k]` input and row `i * slots +
+    /// s` of an `[n * slots, k]` one.
+    MatMulId,
+    /// MoE expert selection; output `i32 [n, k]`. See
+    /// [`crate::dsv4::MoeRouteParams`].
+    MoeRoute(crate::dsv4::MoeRouteParams),
+    /// MoE weights of the selected experts; output `f32 [n, k]`. See
+    /// [`crate::dsv4::MoeWeightsParams`].
+    MoeWeights(crate::dsv4::MoeWeightsParams),
+    /// Clamped SwiGLU: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
+    SwigluClamp {
+        /// The clamp limit.
+        limit: f32,
+    },
+    /// Weighted sum of expert outputs: inputs `y f32 [n, k * d]`, `weights
+    /// f32 [n, k]`; output `f32 [n, d]`.
+    MoeCombine,
 }
 
 impl Op {
@@ -194,6 +247,18 @@ impl Op {
             Op::Argmax => "argmax",
             Op::Copy => "copy",
             Op::Write { .. } => "write",
+            Op::TailRope(_) => "tail_rope",
+            Op::HcMix(_) => "hc_mix",
+            Op::HcCollapse { .. } => "hc_collapse",
+            Op::HcExpand { .. } => "hc_expand",
+            Op::Compress(_) => "compress",
+            Op::IndexerTopK(_) => "indexer_topk",
+            Op::SinkAttention(_) => "sink_attention",
+            Op::MatMulId => "matmul_id",
+            Op::MoeRoute(_) => "moe_route",
+            Op::MoeWeights(_) => "moe_weights",
+            Op::SwigluClamp { .. } => "swiglu_clamp",
+            Op::MoeCombine => "moe_combine",
         }
     }
 }

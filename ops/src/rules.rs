@@ -5,6 +5,8 @@ use crate::op::{is_float, Op, OpNode};
 use crate::tensor::Tensor;
 use crate::OpError;
 
+mod dsv4;
+
 /// Checks `node` against its op's rules.
 pub fn validate(node: &OpNode) -> Result<(), OpError> {
     let name = node.op.name();
@@ -217,6 +219,18 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             }
             same_elements(name, &ins[0], &outs[0])?;
         }
+        Op::TailRope(_)
+        | Op::HcMix(_)
+        | Op::HcCollapse { .. }
+        | Op::HcExpand { .. }
+        | Op::Compress(_)
+        | Op::IndexerTopK(_)
+        | Op::SinkAttention(_)
+        | Op::MatMulId
+        | Op::MoeRoute(_)
+        | Op::MoeWeights(_)
+        | Op::SwigluClamp { .. }
+        | Op::MoeCombine => dsv4::validate(node)?,
         Op::Write { data } => {
             arity(0, 1)?;
             if data.len() as u64 != outs[0].bytes() {

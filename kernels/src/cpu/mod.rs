@@ -10,16 +10,22 @@
 
 mod argmax;
 mod attention;
+mod compress;
+mod dsv4;
 mod elementwise;
 pub mod glu;
+mod hyper;
 mod layer_norm;
 mod matmul;
+mod moe;
 mod norm;
 pub mod quant;
 mod rope;
 mod rows;
+mod sink_attention;
 pub mod simd;
 mod softmax;
+mod tail_rope;
 
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
@@ -106,6 +112,18 @@ pub fn supports(node: &OpNode) -> Result<(), OpError> {
         Op::MatMul => matmul::supports(&node.inputs[1]),
         Op::QuantizeRows => rows::supports_quantize(&node.outputs[0]),
         Op::GetRows => rows::supports_get_rows(&node.inputs[0]),
+        Op::TailRope(_)
+        | Op::HcMix(_)
+        | Op::HcCollapse { .. }
+        | Op::HcExpand { .. }
+        | Op::Compress(_)
+        | Op::IndexerTopK(_)
+        | Op::SinkAttention(_)
+        | Op::MatMulId
+        | Op::MoeRoute(_)
+        | Op::MoeWeights(_)
+        | Op::SwigluClamp { .. }
+        | Op::MoeCombine => dsv4::supports(node),
         _ => Ok(()),
     }
 }
@@ -134,6 +152,18 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         }
         Op::Gelu | Op::GeluMul => glu::split(&node.inputs[0], threads),
         Op::LayerNorm { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
+        Op::TailRope(_)
+        | Op::HcMix(_)
+        | Op::HcCollapse { .. }
+        | Op::HcExpand { .. }
+        | Op::Compress(_)
+        | Op::IndexerTopK(_)
+        | Op::SinkAttention(_)
+        | Op::MatMulId
+        | Op::MoeRoute(_)
+        | Op::MoeWeights(_)
+        | Op::SwigluClamp { .. }
+        | Op::MoeCombine => dsv4::split(node, threads),
     }
 }
 
@@ -198,6 +228,18 @@ pub unsafe fn run_item(
             Ok(())
         }
         Op::Copy => rows::copy(&ins[0], out, units),
+        Op::TailRope(_)
+        | Op::HcMix(_)
+        | Op::HcCollapse { .. }
+        | Op::HcExpand { .. }
+        | Op::Compress(_)
+        | Op::IndexerTopK(_)
+        | Op::SinkAttention(_)
+        | Op::MatMulId
+        | Op::MoeRoute(_)
+        | Op::MoeWeights(_)
+        | Op::SwigluClamp { .. }
+        | Op::MoeCombine => dsv4::run_item(node, ins, outs, units),
         Op::Write { data } => {
             out.row_bytes_mut(0, out.tensor.rows())
                 .copy_from_slice(data);

@@ -8,6 +8,7 @@
 //! [`Recorder`](crate::Recorder) that runs every builder call at once.
 
 mod attention;
+mod dsv4;
 mod elementwise;
 mod interpreter;
 mod matmul;
@@ -23,6 +24,7 @@ use weft_graph::BufferId;
 
 pub use interpreter::Interpreter;
 pub use rope::rope_angles;
+pub use dsv4::{compress_slots, hc_mix_row, route_top_k, select_top_k, sqrt_softplus, swiglu_clamp};
 
 /// Host buffers indexed by [`BufferId`], for reference runs and tests.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -163,6 +165,18 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Argmax => elementwise::argmax(mem, &ins[0])?,
         Op::Copy => from_f32(&mem.to_f32(&ins[0])?, out.dtype)?,
         Op::Write { data } => data.to_vec(),
+        Op::TailRope(_)
+        | Op::HcMix(_)
+        | Op::HcCollapse { .. }
+        | Op::HcExpand { .. }
+        | Op::Compress(_)
+        | Op::IndexerTopK(_)
+        | Op::SinkAttention(_)
+        | Op::MatMulId
+        | Op::MoeRoute(_)
+        | Op::MoeWeights(_)
+        | Op::SwigluClamp { .. }
+        | Op::MoeCombine => dsv4::run(node, mem)?,
     };
     mem.bytes_mut(&out).copy_from_slice(&result);
     Ok(())

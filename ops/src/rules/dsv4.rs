@@ -1,0 +1,293 @@
+//! Shape and dtype rules of the DeepSeek-V4 ops (see [`crate::dsv4`]).
+
+use super::{all_f32, dtype, same_shape};
+use crate::dsv4::MoeSelect;
+use crate::dtype::DType;
+use crate::op::{Op, OpNode};
+use crate::tensor::Tensor;
+use crate::OpError;
+
+/// Checks a DeepSeek-V4 op (arity already in `ins`/`outs` lengths).
+pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
+    let name = node.op.name();
+    let (ins, outs) = (&node.inputs, &node.outputs);
+    let arity = |i: &[usize], o: usize| -> Result<(), OpError> {
+        if !i.contains(&ins.len()) || outs.len() != o {
+            return Err(OpError::Param {
+                op: name,
+                message: format!(
+                    "takes {i:?} inputs and {o} outputs, got {} and {}",
+                    ins.len(),
+                    outs.len()
+                ),
+            });
+        }
+        Ok(())
+    };
+    let bad = |m: String| Err(OpError::Shape(format!("`{name}`: {m}")));
+    let elems = |t: &Tensor| t.shape.elements();
+    match &node.op {
+        Op::TailRope(p) => {
+            arity(&[2], 1)?;
+            all_f32(name, &[&ins[0], &outs[0]])?;
+            dtype(name, &ins[1], &[DType::I32])?;
+            same_shape(name, &ins[0], &outs[0])?;
+            if p.head_dim == 0
+                || ins[0].cols() % p.head_dim != 0
+                || p.n_dims > p.head_dim
+                || p.n_dims % 2 != 0
+                || elems(&ins[1]) != ins[0].rows()
+            {
+                return bad(format!(
+                    "rows of {} with head_dim {} and n_dims {}, {} positions for {} rows",
+                    ins[0].cols(),
+                    p.head_dim,
+                    p.n_dims,
+                    elems(&ins[1]),
+                    ins[0].rows()
+                ));
+            }
+        }
+        Op::HcMix(p) => {
+            arity(&[3], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            same_shape(name, &ins[0], &outs[0])?;
+            let mix = ins[0].cols();
+            let full = (2 + p.hc) * p.hc;
+            let scales = if mix == full { 3 } else { 1 };
+            if p.hc == 0 || (mix != full && mix != p.hc) || p.iters == 0 {
+                return bad(format!(
+                    "{mix} mixer outputs for {} streams (expects {full} or {}), {} iterations",
+                    p.hc, p.hc, p.iters
+                ));
+            }
+            if elems(&ins[1]) != scales || elems(&ins[2]) != mix {
+                return bad(format!(
+                    "scale of {} and base of {} for {mix} mixer outputs (expects {scales} and {mix})",
+                    elems(&ins[1]),
+                    elems(&ins[2])
+                ));
+            }
+        }
+        Op::HcCollapse { hc } => {
+            arity(&[2], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
+            let (x, co, y) = (&ins[0], &ins[1], &outs[0]);
+            if *hc == 0
+                || x.cols() != hc * y.cols()
+                || co.cols() < *hc
+                || co.rows() != x.rows()
+                || y.rows() != x.rows()
+            {
+                return bad(format!(
+                    "{hc} streams of {:?} with coefficients {:?} into {:?}",
+                    x.shape, co.shape, y.shape
+                ));
+            }
+        }
+        Op::HcExpand { hc } => {
+            arity(&[3], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            let (x, f, co) = (&ins[0], &ins[1], &ins[2]);
+            same_shape(name, x, &outs[0])?;
+            if *hc == 0
+                || x.cols() != hc * f.cols()
+                || f.rows() != x.rows()
+                || co.rows() != x.rows()
+                || co.cols() != (2 + hc) * hc
+            {
+                return bad(format!(
+                    "{hc} streams {:?}, sublayer output {:?}, coefficients {:?}",
+                    x.shape, f.shape, co.shape
+                ));
+            }
+        }
+        Op::Compress(p) => {
+            arity(&[3], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            let (kv, gate, ape, out) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+            same_shape(name, kv, gate)?;
+            let width = kv.cols();
+            let dc = if p.overlap { width / 2 } else { width };
+            if p.ratio == 0
+                || (p.overlap && width % 2 != 0)
+                || out.cols() != dc
+                || ape.cols() != width
+                || ape.rows() != p.ratio as usize
+                || kv.rows() != p.ring as usize
+            {
+                return bad(format!(
+                    "ratio {} (overlap {}) over rings {:?} with ape {:?} into {:?} (ring {})",
+                    p.ratio, p.overlap, kv.shape, ape.shape, out.shape, p.ring
+                ));
+            }
+            let window = p.ratio as usize * (1 + p.overlap as usize);
+            if p.ring as usize + 1 < window {
+                return bad(format!(
+                    "a ring of {} slots cannot hold a window of {window} tokens",
+                    p.ring
+                ));
+            }
+        }
+        Op::IndexerTopK(p) => {
+            arity(&[3], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2]])?;
+            dtype(name, &outs[0], &[DType::I32])?;
+            let (q, w, k, o) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+            let n = q.rows();
+            if q.cols() != p.heads * p.head_dim
+                || w.rows() != n
+                || w.cols() != p.heads
+                || k.cols() != p.head_dim
+                || o.rows() != n
+                || o.cols() != p.top_k
+                || p.top_k == 0
+                || p.ratio == 0
+            {
+                return bad(format!(
+                    "{} heads of {}, top-{} (ratio {}): q {:?}, weights {:?}, keys {:?}, out {:?}",
+                    p.heads, p.head_dim, p.top_k, p.ratio, q.shape, w.shape, k.shape, o.shape
+                ));
+            }
+        }
+        Op::SinkAttention(p) => {
+            arity(&[4, 5], 1)?;
+            let (q, win, rows, sinks, o) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0]);
+            all_f32(name, &[q, sinks, o])?;
+            dtype(name, win, &[DType::F32, DType::F16])?;
+            dtype(name, rows, &[DType::F32, DType::F16])?;
+            same_shape(name, q, o)?;
+            let has_selection = ins.len() == 5;
+            if q.cols() != p.heads * p.head_dim
+                || win.cols() != p.head_dim
+                || rows.cols() != p.head_dim
+                || elems(sinks) != p.heads
+                || win.rows() != p.ring as usize
+                || p.window == 0
+                || p.window > p.ring
+                || has_selection != (p.top_k > 0)
+            {
+                return bad(format!(
+                    "{} heads of {}, window {} in a ring of {}, top-{}: q {:?}, window {:?}, rows {:?}, sinks {:?}, {} inputs",
+                    p.heads, p.head_dim, p.window, p.ring, p.top_k, q.shape, win.shape, rows.shape, sinks.shape, ins.len()
+                ));
+            }
+            if has_selection {
+                let sel = &ins[4];
+                dtype(name, sel, &[DType::I32])?;
+                if sel.rows() != q.rows() || sel.cols() != p.top_k || p.ratio == 0 {
+                    return bad(format!(
+                        "selection {:?} for {} queries of top-{} (ratio {})",
+                        sel.shape,
+                        q.rows(),
+                        p.top_k,
+                        p.ratio
+                    ));
+                }
+            }
+        }
+        Op::MatMulId => {
+            arity(&[3], 1)?;
+            let (x, w, ids, y) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+            dtype(name, x, &[DType::F32])?;
+            dtype(name, ids, &[DType::I32])?;
+            dtype(name, y, &[DType::F32])?;
+            let dims = w.shape.dims();
+            let (n, slots) = (ids.rows(), ids.cols());
+            if dims.len() != 3
+                || x.cols() != w.cols()
+                || (x.rows() != n && x.rows() != n * slots)
+                || y.rows() != n
+                || y.cols() != slots * dims[1]
+            {
+                return bad(format!(
+                    "x {:?}, experts {:?}, ids {:?} cannot give {:?}",
+                    x.shape, w.shape, ids.shape, y.shape
+                ));
+            }
+        }
+        Op::MoeRoute(p) => {
+            let inputs = match p.select {
+                MoeSelect::TopK => 2,
+                MoeSelect::Hash => 3,
+            };
+            arity(&[inputs], 1)?;
+            dtype(name, &ins[0], &[DType::F32])?;
+            dtype(name, &outs[0], &[DType::I32])?;
+            let (logits, out) = (&ins[0], &outs[0]);
+            if out.rows() != logits.rows() || out.cols() != p.k || p.k == 0 || p.k > logits.cols() {
+                return bad(format!(
+                    "top-{} of logits {:?} into {:?}",
+                    p.k, logits.shape, out.shape
+                ));
+            }
+            match p.select {
+                MoeSelect::TopK => {
+                    dtype(name, &ins[1], &[DType::F32])?;
+                    if elems(&ins[1]) != logits.cols() {
+                        return bad(format!(
+                            "bias {:?} for {} experts",
+                            ins[1].shape,
+                            logits.cols()
+                        ));
+                    }
+                }
+                MoeSelect::Hash => {
+                    dtype(name, &ins[1], &[DType::I32])?;
+                    dtype(name, &ins[2], &[DType::I32])?;
+                    if ins[1].cols() != p.k || elems(&ins[2]) != logits.rows() {
+                        return bad(format!(
+                            "hash table {:?} and {} tokens for top-{} of {} rows",
+                            ins[1].shape,
+                            elems(&ins[2]),
+                            p.k,
+                            logits.rows()
+                        ));
+                    }
+                }
+            }
+        }
+        Op::MoeWeights(_) => {
+            arity(&[2], 1)?;
+            dtype(name, &ins[0], &[DType::F32])?;
+            dtype(name, &ins[1], &[DType::I32])?;
+            dtype(name, &outs[0], &[DType::F32])?;
+            if ins[1].rows() != ins[0].rows() || outs[0].shape != ins[1].shape {
+                return bad(format!(
+                    "logits {:?}, ids {:?}, weights {:?}",
+                    ins[0].shape, ins[1].shape, outs[0].shape
+                ));
+            }
+        }
+        Op::SwigluClamp { limit } => {
+            arity(&[2], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
+            same_shape(name, &ins[0], &ins[1])?;
+            same_shape(name, &ins[0], &outs[0])?;
+            if !(*limit > 0.0) {
+                return Err(OpError::Param {
+                    op: name,
+                    message: format!("the clamp limit must be positive, got {limit}"),
+                });
+            }
+        }
+        Op::MoeCombine => {
+            arity(&[2], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
+            let (y, w, o) = (&ins[0], &ins[1], &outs[0]);
+            if w.rows() != y.rows() || o.rows() != y.rows() || y.cols() != w.cols() * o.cols() {
+                return bad(format!(
+                    "expert outputs {:?} with weights {:?} into {:?}",
+                    y.shape, w.shape, o.shape
+                ));
+            }
+        }
+        other => {
+            return Err(OpError::Unsupported {
+                op: other.name(),
+                what: "validation as a DeepSeek-V4 op".into(),
+            })
+        }
+    }
+    Ok(())
+}
