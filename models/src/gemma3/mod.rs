@@ -1,6 +1,6 @@
 //! The Gemma 3 family (`general.architecture = gemma3`): configuration from
 //! GGUF metadata and the weights as views of the mapped file. The forward
-//! pass, recorded with the builder API, is in [`forward`](self).
+//! pass, recorded with the builder API, is in `forward.rs` ([`Gemma3::record_step`]).
 //!
 //! What sets Gemma 3 apart from the Llama family, and where each piece lives:
 //!
