@@ -21,6 +21,8 @@ pub struct Settings {
     pub prefill_windows: Option<u32>,
     /// `WEFT_GRAPH_DIAG`: 1 prints one line per command buffer.
     pub graph_diag: Option<bool>,
+    /// `WEFT_FUSE`: 0 turns the fusion pass off.
+    pub fuse: Option<bool>,
 }
 
 /// A malformed setting.
@@ -58,6 +60,7 @@ impl Settings {
                 "an integer from 1 to 4096",
             )?,
             graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
+            fuse: flag(&get, "WEFT_FUSE")?,
         })
     }
 
@@ -69,6 +72,7 @@ impl Settings {
             layers_per_cb: over.layers_per_cb.or(self.layers_per_cb),
             prefill_windows: over.prefill_windows.or(self.prefill_windows),
             graph_diag: over.graph_diag.or(self.graph_diag),
+            fuse: over.fuse.or(self.fuse),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The same greedy output whatever the schedule: reorder on and off, 1 and 2
-//! threads, 1, 2 and all layers per command buffer. The schedule changes
+//! threads, 1, 2 and all layers per command buffer, fusion on and off. The schedule changes
 //! which nodes run together, never what any node computes.
 
 mod common;
@@ -11,6 +11,8 @@ fn greedy(threads: usize, layers_per_cb: Option<u32>, reorder: bool) -> Vec<u32>
     let common::Setup { mut exec, model } =
         common::load_smollm2(threads, layers_per_cb).expect("model");
     exec.config_mut().reorder = reorder;
+    // Fusion follows reorder in these runs, so both settings of each are covered.
+    exec.config_mut().fuse = reorder;
     let ids = model.tokenizer.encode("def fibonacci(n):");
     let mut cache = model.new_cache(&mut exec, 128, 128).expect("cache");
     let mut logits = model

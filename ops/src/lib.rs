@@ -12,6 +12,7 @@
 
 pub mod dsv4;
 pub mod dtype;
+pub mod fused;
 mod error;
 pub mod quant;
 pub mod tensor;

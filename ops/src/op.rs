@@ -165,6 +165,33 @@ pub enum Op {
     Argmax,
     /// Copies with type conversion (f32 <-> f16/bf16).
     Copy,
+    /// Fused `rms_norm` then `quantize` (made by the fusion pass, never
+    /// recorded directly): inputs `x`, `w`; output `x`'s normalised rows in
+    /// an activation format. Same bits as the two ops.
+    RmsNormQuantize {
+        /// As in [`Op::RmsNorm`].
+        eps: f32,
+    },
+    /// Fused `silu_mul` then `quantize`: inputs `gate`, `up`; output the
+    /// quantized product.
+    SiluMulQuantize,
+    /// Fused `rope` then `set_rows`: inputs `x`, `positions`; output the
+    /// cache, whose rows are written as `set_rows` writes them.
+    RopeSetRows {
+        /// The rotation.
+        rope: RopeParams,
+        /// As in [`Op::SetRows`].
+        start: u32,
+        /// As in [`Op::SetRows`].
+        ring: Option<u32>,
+    },
+    /// Fused in-place `add` then `rms_norm` then `quantize`: inputs `x`,
+    /// `b`, `w`; outputs `x` (overwritten with `x + b`) and the quantized
+    /// normalised sum.
+    AddRmsNormQuantize {
+        /// As in [`Op::RmsNorm`].
+        eps: f32,
+    },
     /// Writes host bytes captured at record time into the output.
     Write {
         /// The bytes, exactly the output's size.
@@ -259,6 +286,10 @@ impl Op {
             Op::MoeWeights(_) => "moe_weights",
             Op::SwigluClamp { .. } => "swiglu_clamp",
             Op::MoeCombine => "moe_combine",
+            Op::RmsNormQuantize { .. } => "rms_norm+quantize",
+            Op::SiluMulQuantize => "silu_mul+quantize",
+            Op::RopeSetRows { .. } => "rope+set_rows",
+            Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
         }
     }
 }
@@ -289,7 +320,8 @@ impl OpNode {
     pub fn ranges(&self) -> (Vec<ByteRange>, Vec<ByteRange>) {
         let reads = self.inputs.iter().map(Tensor::range).collect();
         let writes = match (&self.op, self.outputs.first(), self.inputs.first()) {
-            (Op::SetRows { start, ring }, Some(dst), Some(src)) => {
+            (Op::SetRows { start, ring }, Some(dst), Some(src))
+            | (Op::RopeSetRows { start, ring, .. }, Some(dst), Some(src)) => {
                 set_rows_ranges(dst, src.rows(), *start, *ring)
             }
             _ => self.outputs.iter().map(Tensor::range).collect(),

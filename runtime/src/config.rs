@@ -26,6 +26,8 @@ pub struct ExecutorConfig {
     pub fault: Option<Fault>,
     /// Print one line per command buffer (`WEFT_GRAPH_DIAG=1`).
     pub graph_diag: bool,
+    /// Run the fusion pass before scheduling (`WEFT_FUSE=0` turns it off).
+    pub fuse: bool,
 }
 
 impl Default for ExecutorConfig {
@@ -37,6 +39,7 @@ impl Default for ExecutorConfig {
             check_schedules: cfg!(debug_assertions),
             fault: None,
             graph_diag: false,
+            fuse: true,
         }
     }
 }

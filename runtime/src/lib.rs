@@ -17,6 +17,7 @@ mod counters;
 mod cuda;
 mod error;
 mod executor;
+mod fusion;
 mod memory;
 mod pool;
 mod profile;

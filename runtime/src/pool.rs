@@ -67,6 +67,9 @@ pub(crate) struct Pools {
     /// Diagnosis: an ending scope hands its buffers to the enclosing scope
     /// instead of the free lists, so nothing is reused inside a recording.
     defer_recycling: bool,
+    /// Buffers recycled by an explicitly ended scope since the last
+    /// [`Pools::take_ended`]: their contents are dead once read.
+    ended: std::collections::HashSet<BufferId>,
 }
 
 impl Pools {
@@ -103,6 +106,22 @@ impl Pools {
 
     /// Ends the innermost scope, recycling its buffers. Returns its kind.
     pub(crate) fn end(&mut self) -> Option<PoolScope> {
+        self.end_scope(false)
+    }
+
+    /// Ends the innermost scope that model code opened and closed itself:
+    /// its tensors are dead from here on (the fusion pass may then drop
+    /// writes to them that nothing else reads).
+    pub(crate) fn end_explicit(&mut self) -> Option<PoolScope> {
+        self.end_scope(true)
+    }
+
+    /// Buffers of explicitly ended scopes since the last call.
+    pub(crate) fn take_ended(&mut self) -> std::collections::HashSet<BufferId> {
+        std::mem::take(&mut self.ended)
+    }
+
+    fn end_scope(&mut self, explicit: bool) -> Option<PoolScope> {
         let (kind, list) = self.scopes.pop()?;
         if self.defer_recycling {
             if let Some((_, parent)) = self.scopes.last_mut() {
@@ -113,6 +132,9 @@ impl Pools {
         for (id, bytes) in list {
             self.stats.in_use -= bytes;
             self.free.entry(bytes).or_default().push(id);
+            if explicit {
+                self.ended.insert(id);
+            }
         }
         Some(kind)
     }

@@ -56,6 +56,8 @@ pub struct GraphSession<'e> {
 impl<'e> GraphSession<'e> {
     pub(crate) fn new(exec: &'e mut GraphExecutor, mode: SessionMode) -> Self {
         let scope_depth = exec.pools.depth();
+        // Only scopes this session ends count as dead for its fusion pass.
+        exec.pools.take_ended();
         Self {
             exec,
             mode,
@@ -140,7 +142,7 @@ impl<'e> GraphSession<'e> {
         let kind = self
             .exec
             .pools
-            .end()
+            .end_explicit()
             .ok_or_else(|| RuntimeError::Usage("no pool scope is open".into()))?;
         if let (Some((k, start)), Some(state)) = (self.open_scopes.pop(), &self.exec.trace) {
             let args = serde_json::json!({"bytes_in_use": self.exec.pools.stats.in_use});
@@ -288,6 +290,7 @@ impl<'e> GraphSession<'e> {
 
     /// The recording and its schedule, without running anything (for dumps).
     pub fn into_schedule(mut self) -> Result<(Vec<Node>, Schedule), RuntimeError> {
+        self.run_fusion();
         let s = self.schedule(match self.mode {
             SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
             SessionMode::Recorded => Some(Strategy::RecordedOrder),
@@ -312,6 +315,25 @@ impl<'e> GraphSession<'e> {
         Ok(s)
     }
 
+    /// The fusion pass (recorded sessions, unless switched off): merges
+    /// node pairs the device has fused ops for. Returns nodes removed.
+    fn run_fusion(&mut self) -> usize {
+        if self.mode != SessionMode::Recorded || !self.exec.config.fuse {
+            return 0;
+        }
+        let dead = self.exec.pools.take_ended();
+        let exec: &GraphExecutor = self.exec;
+        let supports = |n: &OpNode| {
+            #[cfg(feature = "cuda")]
+            if let Some(cuda) = &exec.cuda {
+                return cuda.kernels.supports(n).is_ok();
+            }
+            let _ = exec;
+            cpu::supports(n).is_ok()
+        };
+        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, &dead, &supports)
+    }
+
     fn end_scopes(&mut self) {
         while self.exec.pools.depth() > self.scope_depth {
             self.exec.pools.end();
@@ -325,6 +347,7 @@ impl<'e> GraphSession<'e> {
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let timed = timed || self.exec.trace.is_some();
         let submit_start = Instant::now();
+        self.run_fusion();
         let s = self.schedule(strategy)?;
         if self.exec.config.graph_diag {
             print_diag(&s);

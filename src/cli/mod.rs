@@ -74,6 +74,9 @@ pub struct ModelArgs {
     /// `WEFT_REORDER=0`).
     #[arg(long)]
     pub no_reorder: bool,
+    /// Turn the fusion pass off (diagnosis; also `WEFT_FUSE=0`).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Where to run: `auto` (a GPU when this build and machine have one,
     /// else the CPU, saying why), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "auto")]
@@ -104,6 +107,7 @@ impl ModelArgs {
         let flags = Settings {
             threads: self.threads,
             reorder: self.no_reorder.then_some(false),
+            fuse: self.no_fuse.then_some(false),
             layers_per_cb: self.layers_per_cb,
             ..Default::default()
         };
@@ -124,6 +128,7 @@ impl ModelArgs {
             config.cut.layers_per_cb = Some(k);
         }
         config.graph_diag = s.graph_diag.unwrap_or(false);
+        config.fuse = s.fuse.unwrap_or(true);
         Ok(GraphExecutor::with_config(self.device()?, config)?)
     }
 

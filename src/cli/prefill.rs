@@ -413,6 +413,7 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
         threads: run.threads,
         layers_per_cb: run.layers_per_cb,
         no_reorder: !run.reorder,
+        no_fuse: false,
         backend: run.backend.clone().unwrap_or_else(|| "cpu".into()),
     };
     let (mut exec, model) = args.load()?;

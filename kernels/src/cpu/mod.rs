@@ -13,6 +13,7 @@ mod attention;
 mod compress;
 mod dsv4;
 mod elementwise;
+mod fused;
 pub mod glu;
 mod hyper;
 mod layer_norm;
@@ -22,11 +23,12 @@ mod norm;
 pub mod quant;
 mod rope;
 mod rows;
-mod sink_attention;
 pub mod simd;
+mod sink_attention;
 mod softmax;
 mod tail_rope;
 
+pub use rope::angle_cache;
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
 /// A tensor resolved to host memory for one run of a command buffer.
@@ -164,6 +166,10 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         | Op::MoeWeights(_)
         | Op::SwigluClamp { .. }
         | Op::MoeCombine => dsv4::split(node, threads),
+        Op::RmsNormQuantize { .. }
+        | Op::SiluMulQuantize
+        | Op::RopeSetRows { .. }
+        | Op::AddRmsNormQuantize { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
     }
 }
 
@@ -228,6 +234,10 @@ pub unsafe fn run_item(
             Ok(())
         }
         Op::Copy => rows::copy(&ins[0], out, units),
+        Op::RmsNormQuantize { .. }
+        | Op::SiluMulQuantize
+        | Op::RopeSetRows { .. }
+        | Op::AddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
         Op::TailRope(_)
         | Op::HcMix(_)
         | Op::HcCollapse { .. }

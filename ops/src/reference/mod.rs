@@ -142,6 +142,19 @@ pub fn from_f32(values: &[f32], dtype: DType) -> Result<Vec<u8>, OpError> {
 /// Runs `node` on `mem` with the reference semantics.
 pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
     node.validate()?;
+    // A fused op is its chain, run with scratch intermediates.
+    let mut scratch = Vec::new();
+    let parts = crate::fused::decompose(node, |dtype, dims| {
+        let t = mem.zeros(dtype, dims)?;
+        scratch.push(t.buffer);
+        Ok(t)
+    })?;
+    if let Some(parts) = parts {
+        for part in &parts {
+            run(part, mem)?;
+        }
+        return Ok(());
+    }
     let ins = &node.inputs;
     let out = node.outputs[0];
     let result: Vec<u8> = match &node.op {
@@ -177,6 +190,9 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::MoeWeights(_)
         | Op::SwigluClamp { .. }
         | Op::MoeCombine => dsv4::run(node, mem)?,
+        Op::RmsNormQuantize { .. } | Op::SiluMulQuantize | Op::RopeSetRows { .. } | Op::AddRmsNormQuantize { .. } => {
+            return Err(OpError::Record(format!("`{}` was not decomposed", node.op.name())))
+        }
     };
     mem.bytes_mut(&out).copy_from_slice(&result);
     Ok(())

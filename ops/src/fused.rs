@@ -1,0 +1,122 @@
+//! Fused ops: what they are made of.
+//!
+//! The fusion pass (weft-runtime) turns a chain of nodes into one node when
+//! the intermediate has no other reader. A fused op is defined by the
+//! chain it replaces: [`decompose`] gives the component nodes, with the
+//! intermediates placed wherever the caller wants them (scratch). Rules,
+//! reference semantics and the CPU kernels all go through it, so a fused op
+//! computes exactly what its chain computes, bit for bit.
+
+use crate::dtype::DType;
+use crate::op::{Op, OpNode};
+use crate::tensor::Tensor;
+use crate::OpError;
+
+/// The chain `node` stands for, with intermediates from `scratch(dtype,
+/// dims)`, or `None` when `node` is not a fused op.
+pub fn decompose(
+    node: &OpNode,
+    mut scratch: impl FnMut(DType, &[usize]) -> Result<Tensor, OpError>,
+) -> Result<Option<Vec<OpNode>>, OpError> {
+    let (ins, outs) = (&node.inputs, &node.outputs);
+    let arity = |i: usize, o: usize| -> Result<(), OpError> {
+        if ins.len() != i || outs.len() != o {
+            return Err(OpError::Param {
+                op: node.op.name(),
+                message: format!(
+                    "takes {i} inputs and {o} outputs, got {} and {}",
+                    ins.len(),
+                    outs.len()
+                ),
+            });
+        }
+        Ok(())
+    };
+    let parts = match &node.op {
+        Op::RmsNormQuantize { eps } => {
+            arity(2, 1)?;
+            let h = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::RmsNorm { eps: *eps }, vec![ins[0], ins[1]], vec![h]),
+                OpNode::new(Op::QuantizeRows, vec![h], vec![outs[0]]),
+            ]
+        }
+        Op::SiluMulQuantize => {
+            arity(2, 1)?;
+            let m = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::SiluMul, vec![ins[0], ins[1]], vec![m]),
+                OpNode::new(Op::QuantizeRows, vec![m], vec![outs[0]]),
+            ]
+        }
+        Op::RopeSetRows { rope, start, ring } => {
+            arity(2, 1)?;
+            let r = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::Rope(*rope), vec![ins[0], ins[1]], vec![r]),
+                OpNode::new(
+                    Op::SetRows {
+                        start: *start,
+                        ring: *ring,
+                    },
+                    vec![r],
+                    vec![outs[0]],
+                ),
+            ]
+        }
+        Op::AddRmsNormQuantize { eps } => {
+            arity(3, 2)?;
+            let h = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::Add, vec![ins[0], ins[1]], vec![outs[0]]),
+                OpNode::new(Op::RmsNorm { eps: *eps }, vec![outs[0], ins[2]], vec![h]),
+                OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
+            ]
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(parts))
+}
+
+/// The fused node for `first` followed by `second`, when weft has a fused
+/// op for that pair and `second` reads exactly `first`'s output.
+/// `keep_intermediate`: `first`'s output is read later, so the fused node
+/// must still write it (only the add of `AddRmsNormQuantize` does).
+pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Option<OpNode> {
+    let out = *first.outputs.first()?;
+    let reads_out = |i: usize| second.inputs.get(i) == Some(&out);
+    match (&first.op, &second.op) {
+        (Op::RmsNorm { eps }, Op::QuantizeRows) if reads_out(0) && !keep_intermediate => {
+            Some(OpNode::new(
+                Op::RmsNormQuantize { eps: *eps },
+                first.inputs.clone(),
+                second.outputs.clone(),
+            ))
+        }
+        (Op::SiluMul, Op::QuantizeRows) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
+            Op::SiluMulQuantize,
+            first.inputs.clone(),
+            second.outputs.clone(),
+        )),
+        (Op::Rope(rope), Op::SetRows { start, ring }) if reads_out(0) && !keep_intermediate => {
+            Some(OpNode::new(
+                Op::RopeSetRows {
+                    rope: *rope,
+                    start: *start,
+                    ring: *ring,
+                },
+                first.inputs.clone(),
+                second.outputs.clone(),
+            ))
+        }
+        // In-place residual add, then the next norm: the sum stays written.
+        (Op::Add, Op::RmsNormQuantize { eps }) if reads_out(0) && first.inputs[0] == out => {
+            Some(OpNode::new(
+                Op::AddRmsNormQuantize { eps: *eps },
+                vec![first.inputs[0], first.inputs[1], second.inputs[1]],
+                vec![out, second.outputs[0]],
+            ))
+        }
+        _ => None,
+    }
+}
