@@ -1,6 +1,7 @@
 //! A loaded model of any supported family, with its tokenizer, and the
 //! operations every front end needs: a cache, chunked prefill, decode steps.
 
+use crate::deepseek4::DeepSeek4;
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::llama::Llama;
@@ -24,6 +25,8 @@ pub enum Family {
     Llama(Llama),
     /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
     Gemma3(Gemma3),
+    /// DeepSeek-V4 (`deepseek4`): hyper-connections, compressed attention, MoE.
+    DeepSeek4(Box<DeepSeek4>),
 }
 
 /// A model ready to run on one executor.
@@ -46,9 +49,14 @@ impl Model {
         let family = match arch.as_str() {
             "llama" => Family::Llama(Llama::load(&weights, "llama")?),
             "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
+            "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
+                &weights,
+                exec,
+                Default::default(),
+            )?)),
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama, gemma3)"
+                    "architecture `{other}` (weft runs: llama, gemma3, deepseek4)"
                 )))
             }
         };
@@ -73,6 +81,7 @@ impl Model {
         match &self.family {
             Family::Llama(m) => m.config.context,
             Family::Gemma3(m) => m.config.context,
+            Family::DeepSeek4(m) => m.config.context,
         }
     }
 
@@ -81,6 +90,7 @@ impl Model {
         match &self.family {
             Family::Llama(m) => m.output.rows(),
             Family::Gemma3(m) => m.output.rows(),
+            Family::DeepSeek4(m) => m.config.vocab,
         }
     }
 
@@ -89,6 +99,7 @@ impl Model {
         match &self.family {
             Family::Llama(m) => m.config.layers,
             Family::Gemma3(m) => m.config.layers,
+            Family::DeepSeek4(m) => m.config.layers,
         }
     }
 
@@ -102,6 +113,7 @@ impl Model {
         let window = match &self.family {
             Family::Llama(_) => None,
             Family::Gemma3(m) => m.config.window,
+            Family::DeepSeek4(m) => Some(m.config.window),
         };
         ChunkPolicy::for_model(window, self.weight_bytes())
     }
@@ -122,6 +134,7 @@ impl Model {
                     window: m.config.layer_window(l),
                 })
                 .collect(),
+            Family::DeepSeek4(m) => return m.cache_layout(context, max_chunk).kv,
         };
         CacheConfig {
             layers,
@@ -172,6 +185,7 @@ impl Model {
         match &self.family {
             Family::Llama(m) => m.record_step(session, cache, span, tokens, rows),
             Family::Gemma3(m) => m.record_step(session, cache, span, tokens, rows),
+            Family::DeepSeek4(m) => m.record_step(session, &[cache], span.start, tokens, rows),
         }
     }
 

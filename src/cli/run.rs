@@ -26,8 +26,11 @@ pub struct RunArgs {
     #[command(flatten)]
     diag: DiagArgs,
     /// The prompt, as raw text (no chat template; BOS only if the model asks for it).
-    #[arg(long, short = 'p')]
-    prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (`--prompt-ids 1,2,3`; any model).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n: usize,
@@ -60,7 +63,14 @@ pub struct RunArgs {
 
 pub fn run(a: RunArgs) -> Result<()> {
     let (mut exec, model) = a.model.load()?;
-    let prompt = model.tokenizer.encode(&a.prompt);
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => model.tokenizer.encode(text),
+        (None, None) => bail!("give the prompt as --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= model.vocab()) {
+        bail!("--prompt-ids: token id {bad} is outside the vocabulary of {}", model.vocab());
+    }
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization; give some text");
     }
@@ -91,16 +101,19 @@ pub fn run(a: RunArgs) -> Result<()> {
         diag.after_step(exec, pos)
             .map_err(|e| weft::models::ModelError::Input(e.to_string()))
     };
+    // `--format json` reports the argmax at every prompt position.
+    let rows = if a.format == Format::Json { LogitRows::All } else { LogitRows::Last };
     let mut logits = model
-        .prefill_with(
-            &mut exec,
-            &mut cache,
-            &prompt,
-            &policy,
-            LogitRows::Last,
-            &mut after,
-        )
+        .prefill_with(&mut exec, &mut cache, &prompt, &policy, rows, &mut after)
         .context("prefill failed")?;
+    let vocab = model.vocab();
+    let prompt_argmax: Vec<usize> = logits
+        .chunks_exact(vocab)
+        .map(weft::models::sampling::argmax)
+        .collect();
+    if rows == LogitRows::All {
+        logits.drain(..logits.len() - vocab);
+    }
     let prompt_time = t0.elapsed();
     let mut history = prompt.clone();
     let mut generated = Vec::new();
@@ -146,6 +159,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             let v = serde_json::json!({
                 "model": model.name,
                 "prompt_ids": prompt,
+                "prompt_argmax": prompt_argmax,
                 "generated_ids": generated,
                 "text": text,
                 "seed": seed,
