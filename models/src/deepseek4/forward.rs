@@ -156,6 +156,8 @@ impl DeepSeek4 {
             vec![x],
             p("hc_ffn.post"),
         )?;
+        // The streams leaving the layer (diagnostics: `GraphExecutor::enable_taps`).
+        s.tap(&format!("streams-{l}"), x)?;
         Ok(())
     }
 
