@@ -101,7 +101,10 @@ impl AccessMap {
             write: level,
             read: 0,
         });
-        if let Some(last) = segs.get(hi.wrapping_sub(1)).filter(|g| hi > lo && g.end > e) {
+        if let Some(last) = segs
+            .get(hi.wrapping_sub(1))
+            .filter(|g| hi > lo && g.end > e)
+        {
             replacement.push(Segment { start: e, ..*last });
         }
         segs.splice(lo..hi, replacement.drain(..));
@@ -187,7 +190,9 @@ mod tests {
         let mut m = AccessMap::default();
         let mut x = 12345u64;
         for i in 0..2000u32 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let s = (x >> 33) % 1000;
             let len = 1 + (x >> 20) % 50;
             if i % 3 == 0 {

@@ -3,8 +3,8 @@
 //!
 //! Invariant: model code records nodes; it never calls a kernel.
 
-mod error;
 pub mod deepseek4;
+mod error;
 pub mod eval;
 pub mod fetch;
 pub mod gemma3;

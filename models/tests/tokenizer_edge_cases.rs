@@ -173,7 +173,7 @@ fn gemma3_bos_and_user_defined_whitespace() {
                 parse_special: false
             }
         ),
-        []
+        Vec::<u32>::new()
     );
     // Runs of spaces and newlines are user-defined tokens, matched before
     // SentencePiece runs; no space prefix follows them (add_space_prefix = false).

@@ -12,8 +12,8 @@
 
 pub mod dsv4;
 pub mod dtype;
-pub mod fused;
 mod error;
+pub mod fused;
 pub mod quant;
 pub mod tensor;
 

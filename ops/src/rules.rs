@@ -219,12 +219,20 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             }
             same_elements(name, &ins[0], &outs[0])?;
         }
-        Op::RmsNormQuantize { .. } | Op::SiluMulQuantize | Op::RopeSetRows { .. } | Op::AddRmsNormQuantize { .. } => {
+        Op::RmsNormQuantize { .. }
+        | Op::SiluMulQuantize
+        | Op::RopeSetRows { .. }
+        | Op::AddRmsNormQuantize { .. } => {
             // Valid when every op of the chain it stands for is.
             let mut next = u32::MAX;
             let parts = crate::fused::decompose(node, |dtype, dims| {
                 next -= 1;
-                Tensor::new(weft_graph::BufferId(next), 0, dtype, crate::tensor::Shape::new(dims))
+                Tensor::new(
+                    weft_graph::BufferId(next),
+                    0,
+                    dtype,
+                    crate::tensor::Shape::new(dims),
+                )
             })?;
             for part in parts.into_iter().flatten() {
                 validate(&part)?;

@@ -22,9 +22,11 @@ use crate::tensor::{Shape, Tensor};
 use crate::OpError;
 use weft_graph::BufferId;
 
+pub use dsv4::{
+    compress_slots, hc_mix_row, route_top_k, select_top_k, sqrt_softplus, swiglu_clamp,
+};
 pub use interpreter::Interpreter;
 pub use rope::rope_angles;
-pub use dsv4::{compress_slots, hc_mix_row, route_top_k, select_top_k, sqrt_softplus, swiglu_clamp};
 
 /// Host buffers indexed by [`BufferId`], for reference runs and tests.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -190,8 +192,14 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::MoeWeights(_)
         | Op::SwigluClamp { .. }
         | Op::MoeCombine => dsv4::run(node, mem)?,
-        Op::RmsNormQuantize { .. } | Op::SiluMulQuantize | Op::RopeSetRows { .. } | Op::AddRmsNormQuantize { .. } => {
-            return Err(OpError::Record(format!("`{}` was not decomposed", node.op.name())))
+        Op::RmsNormQuantize { .. }
+        | Op::SiluMulQuantize
+        | Op::RopeSetRows { .. }
+        | Op::AddRmsNormQuantize { .. } => {
+            return Err(OpError::Record(format!(
+                "`{}` was not decomposed",
+                node.op.name()
+            )))
         }
     };
     mem.bytes_mut(&out).copy_from_slice(&result);
