@@ -5,3 +5,5 @@
 //! typed memory and parameters and computes one op.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,348 @@
+// weft CUDA kernels: shared helpers.
+//
+// Compiled by NVRTC with --fmad=false: the compiler never fuses a multiply
+// and an add on its own; every fused multiply-add below is written out
+// (`__fmaf_rn`, `__fma_rn`) where weft's CPU kernels (and gcc's contraction
+// of ggml's C) fuse. Division and square root are IEEE (no fast math),
+// subnormals are kept (no flush to zero). No CUDA headers are included, so
+// the source compiles with any NVRTC without include paths.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define DEV static __device__ __forceinline__
+#define NEG_INF (__int_as_float(0xff800000))
+#define POS_INF (__int_as_float(0x7f800000))
+#define NONE_U32 0xffffffffu
+
+// ---- f16 / bf16 conversions ----------------------------------------------
+
+DEV float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// f32 -> f16, round to nearest even (F16C's and half's rounding).
+DEV u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// The f32 value of f16(x): what an f16 accumulator holds.
+DEV float round16(float f) { return h2f(f2h(f)); }
+
+DEV float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// f32 -> bf16 as `half::bf16::from_f32` and ggml: round to nearest even,
+// NaNs quieted.
+DEV u16 f2bf(float f) {
+    u32 x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
+    const u32 round_bit = 0x8000u;
+    if ((x & round_bit) != 0 && (x & (3u * round_bit - 1u)) != 0) return (u16)((x >> 16) + 1u);
+    return (u16)(x >> 16);
+}
+
+// ---- unaligned little-endian loads ----------------------------------------
+
+DEV u16 ld_u16(const u8* p) { return *(const u16*)p; }  // p is 2-aligned
+DEV u32 ld_u32_a2(const u8* p) {                         // p is 2-aligned
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+DEV u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
+DEV float ld_f16(const u8* p) { return h2f(ld_u16(p)); }
+
+// ---- warp helpers -----------------------------------------------------------
+
+#define FULL_MASK 0xffffffffu
+
+DEV float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+DEV int warp_sum_i(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// ggml's hsum_float_8 over the 8 consecutive lanes of a group (lane k holds
+// acc[k]): ((x0+x4) + (x2+x6)) + ((x1+x5) + (x3+x7)). Valid in the group's
+// first lane.
+DEV float hsum8_lanes(float v) {
+    float t = v + __shfl_down_sync(FULL_MASK, v, 4, 8);  // t_i = x_i + x_{i+4}
+    float u = t + __shfl_down_sync(FULL_MASK, t, 2, 8);  // u_0 = t0 + t2, u_1 = t1 + t3
+    return u + __shfl_down_sync(FULL_MASK, u, 1, 8);     // u_0 + u_1
+}
+
+// `_mm512_reduce_add_ps` over 16 consecutive lanes (lane l holds x[l]):
+// halves, quarters, pairs. Valid in the group's first lane.
+DEV float reduce16_lanes(float v) {
+    float a = v + __shfl_down_sync(FULL_MASK, v, 8, 16);
+    float b = a + __shfl_down_sync(FULL_MASK, a, 4, 16);
+    float c = b + __shfl_down_sync(FULL_MASK, b, 2, 16);
+    return c + __shfl_down_sync(FULL_MASK, c, 1, 16);
+}
+
+// The same tree over 16 values held by one thread.
+DEV float reduce16_regs(const float* x) {
+    float t8[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) t8[i] = x[i] + x[i + 8];
+    float t4[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) t4[i] = t8[i] + t8[i + 4];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// ---- K-quant helpers ---------------------------------------------------------
+
+// Q8_K activation block: d (f32), qs[256] (i8), bsums[16] (i16).
+#define Q8K_BYTES 292
+
+DEV void q4k_scales_mins(const u8* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// ---- glibc's expf ------------------------------------------------------------
+// glibc 2.27+ `expf` (ARM optimized-routines, EXP2F_TABLE_BITS = 5), as the
+// x86-64 `__expf_fma` variant computes it (the reduction `z - kd` fused).
+// Checked against the host's `f32::exp` on all 2^32 inputs.
+
+static __device__ const u64 EXP2F_TAB[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+
+DEV float glibc_expf(float x) {
+    const u32 ux = __float_as_uint(x);
+    const u32 abstop = (ux >> 20) & 0x7ffu;
+    if (abstop >= 0x42bu) {  // |x| >= 88 or NaN
+        if (ux == 0xff800000u) return 0.0f;
+        if (abstop >= 0x7f8u) return x + x;
+        if (x > __uint_as_float(0x42b17217u)) return POS_INF;   // > log(0x1p128)
+        if (x < __uint_as_float(0xc2cff1b4u)) return 0.0f;      // < log(0x1p-150)
+    }
+    const double n = 32.0;
+    const double invln2n = __longlong_as_double(0x3ff71547652b82fell) * n;
+    const double shift = __longlong_as_double(0x4338000000000000ll);  // 0x1.8p52
+    const double c0 = __longlong_as_double(0x3fac6af84b912394ll) / n / n / n;
+    const double c1 = __longlong_as_double(0x3fcebfce50fac4f3ll) / n / n;
+    const double c2 = __longlong_as_double(0x3fe62e42ff0c52d6ll) / n;
+    const double xd = (double)x;
+    const double kd0 = __fma_rn(invln2n, xd, shift);
+    const u64 ki = (u64)__double_as_longlong(kd0);
+    const double kd = __dsub_rn(kd0, shift);
+    const double r = __fma_rn(invln2n, xd, -kd);
+    u64 t = EXP2F_TAB[ki % 32];
+    t += ki << 47;
+    const double s = __longlong_as_double((i64)t);
+    const double z = __fma_rn(c0, r, c1);
+    const double r2 = __dmul_rn(r, r);
+    double y = __fma_rn(c2, r, 1.0);
+    y = __fma_rn(z, r2, y);
+    y = __dmul_rn(y, s);
+    return __double2float_rn(y);
+}
+
+// ---- ggml's AVX-512 ggml_v_expf, one lane --------------------------------------
+
+DEV float ggml_v_expf(float x) {
+    const float r = __uint_as_float(0x4b400000u);  // 0x1.8p23
+    const float z = __fmaf_rn(x, __uint_as_float(0x3fb8aa3bu), r);
+    const float n = __fsub_rn(z, r);
+    const float b = __fmaf_rn(-n, __uint_as_float(0x35bfbe8eu),
+                              __fmaf_rn(-n, __uint_as_float(0x3f317200u), x));
+    const float u = __fmul_rn(b, b);
+    const float p = __fmaf_rn(__uint_as_float(0x3c072010u), b, __uint_as_float(0x3d2b9f17u));
+    const float q = __fmaf_rn(__uint_as_float(0x3e2aaf33u), b, __uint_as_float(0x3efffedbu));
+    const float j = __fmaf_rn(__fmaf_rn(p, u, q), u,
+                              __fmaf_rn(__uint_as_float(0x3f7ffff6u), b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : POS_INF;
+    // vscalefps: j * 2^n rounded once (both factors exact in f64).
+    const int ni = (int)n;
+    const int half = ni / 2;
+    const double p1 = __longlong_as_double((i64)(1023 + half) << 52);
+    const double p2 = __longlong_as_double((i64)(1023 + ni - half) << 52);
+    return __double2float_rn(__dmul_rn(__dmul_rn((double)j, p1), p2));
+}
+
+// ---- exact sequential double sums ------------------------------------------------
+//
+// The CPU sums squares (and softmax terms) as `double s = 0; for i: s += t_i`
+// in order, t_i >= 0. One warp reproduces that sum exactly without a chain
+// of n dependent additions:
+//
+// Let E_i be the binade of S_i (the sequential partial sum after term i) and
+// U_i = 2^(E_i - 52) its ulp. If E_i == E_{i-1}, S_{i-1} is a multiple of U_i,
+// so S_i = S_{i-1} + round_U(t_i), where round_U rounds t_i to the nearest
+// multiple of U_i -- unless t_i is exactly halfway (a tie, decided by the
+// parity of S_{i-1}). Call element i *special* if E_i != E_{i-1} or it is a
+// tie. Between specials the increments round_U(t_j) are known in advance and
+// their sum is exact in any order (multiples of U below 2^(E+1)). So the
+// chain only visits specials: S = RN(S + t_k) (the hardware rounds exactly as
+// the CPU did, since S is exact), then S += (exact sum up to the next
+// special). E_i is read off approximate prefix sums (a parallel scan), which
+// are within n * 2^-52 relative of S_i; when one lies that close to a power
+// of two (or too many specials to list), lane 0 falls back to the plain
+// sequential loop.
+
+#define SEQSUM_CAP 512
+
+struct SeqSumScratch {
+    double t[SEQSUM_CAP];
+    double after[SEQSUM_CAP];
+};
+
+DEV int dexpo(double a) { return (int)((__double_as_longlong(a) >> 52) & 0x7ff) - 1023; }
+DEV double pow2d(int e) { return __longlong_as_double((i64)(e + 1023) << 52); }
+
+// round_U(t) for U = 2^ue; sets *tie when t is exactly halfway.
+DEV double round_to_ulp(double t, int ue, bool* tie) {
+    *tie = false;
+    const u64 bits = (u64)__double_as_longlong(t);
+    const int be = (int)((bits >> 52) & 0x7ff);
+    if (be == 0 && (bits & 0xfffffffffffffull) == 0) return 0.0;
+    u64 m;
+    int q;
+    if (be == 0) {
+        m = bits & 0xfffffffffffffull;
+        q = -1074;
+    } else {
+        m = (bits & 0xfffffffffffffull) | (1ull << 52);
+        q = be - 1075;
+    }
+    const int shift = ue - q;
+    if (shift <= 0) return t;
+    if (shift >= 55) return 0.0;
+    const u64 half = 1ull << (shift - 1);
+    const u64 rem = m & ((half << 1) - 1);
+    u64 base = m >> shift;
+    if (rem == half) *tie = true;
+    else if (rem > half) base += 1;
+    return __dmul_rn((double)base, pow2d(ue));
+}
+
+// Is `a` (within `rel` relative of the true partial sum) too close to a
+// power of two to tell its binade?
+DEV bool near_binade_edge(double a, double rel) {
+    if (a == 0.0) return false;
+    const int e = dexpo(a);
+    const double lo = pow2d(e), hi = pow2d(e + 1);
+    const double slack = a * rel;
+    return (a - lo) <= slack || (hi - a) <= slack;
+}
+
+// Sum of term(i), i in [0, n), as the CPU's sequential double loop. All 32
+// lanes of the warp call it; every lane gets the result. `term` must return
+// finite values >= 0 and be cheap to evaluate (it is called up to 3 times
+// per element).
+template <class Term>
+DEV double seq_sum_nonneg(Term term, int n, SeqSumScratch* sc) {
+    const int lane = threadIdx.x & 31;
+    const int per = (n + 31) / 32;
+    const int lo = min(n, lane * per), hi = min(n, lo + per);
+    // Pass 1: approximate prefix sums.
+    double local = 0.0;
+    for (int i = lo; i < hi; i++) local += term(i);
+    double incl = local;
+    for (int o = 1; o < 32; o <<= 1) {
+        double v = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += v;
+    }
+    double excl = __shfl_up_sync(FULL_MASK, incl, 1);
+    if (lane == 0) excl = 0.0;
+    const double rel = (double)(n + 64) * 4.0 * 2.220446049250313e-16;
+    // Pass 2: count specials (and detect ambiguity).
+    bool bad = false;
+    int count = 0;
+    {
+        double a = excl;
+        int eprev = (a == 0.0) ? -100000 : dexpo(a);
+        bad |= near_binade_edge(a, rel);
+        for (int i = lo; i < hi; i++) {
+            const double t = term(i);
+            a += t;
+            bad |= near_binade_edge(a, rel);
+            const int e = (a == 0.0) ? -100000 : dexpo(a);
+            bool special = e != eprev;
+            if (!special && e != -100000) {
+                bool tie;
+                round_to_ulp(t, e - 52, &tie);
+                special = tie;
+            }
+            count += special ? 1 : 0;
+            eprev = e;
+        }
+    }
+    // Entry list: per lane, one lead entry (t = 0) and one per special.
+    int mine = count + 1, base = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(FULL_MASK, base, o);
+        if (lane >= o) base += v;
+    }
+    const int total = __shfl_sync(FULL_MASK, base, 31);
+    base -= mine;
+    bad = __any_sync(FULL_MASK, bad) || total > SEQSUM_CAP;
+    if (!bad) {
+        double a = excl;
+        int eprev = (a == 0.0) ? -100000 : dexpo(a);
+        int slot = base;
+        double seg = 0.0, open_t = 0.0;
+        for (int i = lo; i < hi; i++) {
+            const double t = term(i);
+            a += t;
+            const int e = (a == 0.0) ? -100000 : dexpo(a);
+            bool special = e != eprev;
+            double r = 0.0;
+            if (!special && e != -100000) {
+                bool tie;
+                r = round_to_ulp(t, e - 52, &tie);
+                special = tie;
+            }
+            if (special) {
+                sc->t[slot] = open_t;
+                sc->after[slot] = seg;
+                slot++;
+                open_t = t;
+                seg = 0.0;
+            } else {
+                seg += r;  // exact: multiples of one ulp, below the binade's top
+            }
+            eprev = e;
+        }
+        sc->t[slot] = open_t;
+        sc->after[slot] = seg;
+    }
+    __syncwarp();
+    double s = 0.0;
+    if (lane == 0) {
+        if (bad) {
+            for (int i = 0; i < n; i++) s += term(i);
+        } else {
+            for (int k = 0; k < total; k++) s = (s + sc->t[k]) + sc->after[k];
+        }
+    }
+    __syncwarp();
+    return __shfl_sync(FULL_MASK, s, 0);
+}

@@ -1,0 +1,178 @@
+// Fused ops (made by weft's fusion pass), each computing exactly what its
+// chain of ops computes (weft_ops::fused::decompose), without writing the
+// intermediate to memory:
+//
+// - rms_norm then quantize, and add (in place) then rms_norm then quantize:
+//   one warp per row (the exact f64 sum, then the rows' blocks);
+// - silu_mul then quantize: one thread per 32-element block (a warp per
+//   256-element Q8_K block);
+// - rope then set_rows: one thread per rotated pair, written converted into
+//   the cache row (start from the step scalars, ring slots).
+//
+// Output formats: 0 q8_0, 1 q8_1, 2 q8_k, 3 f16, 4 bf16.
+
+// Quantizes one row of `cols` values val(e) (e in [0, cols)) into `dst`
+// with the whole warp.
+template <int F, class Val>
+DEV void quant_row_warp(Val val, u8* dst, int cols) {
+    const int lane = threadIdx.x & 31;
+    if (F == 0 || F == 1) {
+        const int bytes = F == 1 ? 36 : 34;
+        for (int b = lane; b < cols / 32; b += 32) {
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = val(32 * b + i);
+            quant_q8_thread<F>(v, dst + (size_t)b * bytes);
+        }
+    } else if (F == 2) {
+        for (int b = 0; b < cols / 256; b++) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = val(256 * b + 8 * lane + i);
+            quant_q8k_warp(v, dst + (size_t)b * Q8K_BYTES);
+        }
+    } else {
+        u16* o = (u16*)dst;
+        for (int c = lane; c < cols; c += 32) o[c] = F == 3 ? f2h(val(c)) : f2bf(val(c));
+    }
+}
+
+DEV size_t act_row_bytes(int f, int cols) {
+    switch (f) {
+        case 0: return (size_t)cols / 32 * 34;
+        case 1: return (size_t)cols / 32 * 36;
+        case 2: return (size_t)cols / 256 * Q8K_BYTES;
+        default: return (size_t)cols * 2;
+    }
+}
+
+// rms_norm(x, w) quantized; with ADD, x + b is first written to `sum_out`
+// (which may be x itself) and normalised.
+template <int F, bool ADD>
+DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
+                         int rows, int cols, float eps, int broadcast) {
+    __shared__ SeqSumScratch scratch[NORM_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * NORM_WARPS + warp;
+    if (r >= rows) return;
+    const float* xr = x + (size_t)r * cols;
+    if (ADD) {
+        const float* br = b + (broadcast ? 0 : (size_t)r * cols);
+        float* sr = sum_out + (size_t)r * cols;
+        for (int c = lane; c < cols; c += 32) sr[c] = xr[c] + br[c];
+        __syncwarp();
+        xr = sr;
+    }
+    auto term = [&](int i) -> double {
+        const float v = xr[i];
+        return (double)(v * v);
+    };
+    const double sum = seq_sum_nonneg(term, cols, &scratch[warp]);
+    const float mean = __double2float_rn(sum / (double)cols);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    auto val = [&](int e) -> float { return (xr[e] * scale) * w[e]; };
+    quant_row_warp<F>(val, out + (size_t)r * act_row_bytes(F, cols), cols);
+}
+
+#define NORM_QUANT_ENTRIES(SUFFIX, F)                                                          \
+    extern "C" __global__ void __launch_bounds__(128) rms_norm_quant_##SUFFIX(                 \
+        const float* x, const float* w, u8* out, int rows, int cols, float eps) {              \
+        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0);                        \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) add_rms_norm_quant_##SUFFIX(             \
+        const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
+        int cols, float eps, int broadcast) {                                                  \
+        norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast);           \
+    }
+NORM_QUANT_ENTRIES(q8_0, 0)
+NORM_QUANT_ENTRIES(q8_1, 1)
+NORM_QUANT_ENTRIES(q8_k, 2)
+NORM_QUANT_ENTRIES(f16, 3)
+NORM_QUANT_ENTRIES(bf16, 4)
+
+DEV float silu_mul_value(const float* g, const float* u, size_t i) {
+    const float x = g[i];
+    return (x / (1.0f + ggml_v_expf(0.0f - x))) * u[i];
+}
+
+// silu(gate) * up, quantized. Rows are contiguous, so block k of the whole
+// tensor is block k of the output.
+template <int F>
+DEV void silu_quant_body(const float* g, const float* u, u8* out, int rows, int cols) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t total = (size_t)rows * cols;
+    if (F == 0 || F == 1) {
+        if (tid >= total / 32) return;
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = silu_mul_value(g, u, tid * 32 + i);
+        quant_q8_thread<F>(v, out + tid * (F == 1 ? 36 : 34));
+    } else if (F == 2) {
+        const size_t gw = tid >> 5;
+        if (gw >= total / 256) return;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = silu_mul_value(g, u, gw * 256 + (tid & 31) * 8 + i);
+        quant_q8k_warp(v, out + gw * Q8K_BYTES);
+    } else {
+        if (tid >= total) return;
+        const float v = silu_mul_value(g, u, tid);
+        ((u16*)out)[tid] = F == 3 ? f2h(v) : f2bf(v);
+    }
+}
+
+#define SILU_QUANT_ENTRY(SUFFIX, F)                                                            \
+    extern "C" __global__ void silu_mul_quant_##SUFFIX(const float* g, const float* u, u8* out, \
+                                                        int rows, int cols) {                  \
+        silu_quant_body<F>(g, u, out, rows, cols);                                             \
+    }
+SILU_QUANT_ENTRY(q8_0, 0)
+SILU_QUANT_ENTRY(q8_1, 1)
+SILU_QUANT_ENTRY(q8_k, 2)
+SILU_QUANT_ENTRY(f16, 3)
+SILU_QUANT_ENTRY(bf16, 4)
+
+// rope then set_rows: the rotated row r goes to cache row start + r (ring:
+// modulo), converted to the cache's type (D: 0 f32, 1 f16, 2 bf16).
+template <int D>
+DEV void rope_set_rows_body(const float* x, const i32* positions, u8* dst, const float2* table,
+                            RopeArgs a, u64 dst_row, u32 start, u32 ring, const u32* step) {
+    const int heads = a.cols / a.head_dim;
+    const int half = a.n_dims / 2;
+    const int per_head = half + (a.head_dim - a.n_dims);
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)a.rows * heads * per_head) return;
+    const int r = (int)(i / ((size_t)heads * per_head));
+    const int rem = (int)(i % ((size_t)heads * per_head));
+    const int h = rem / per_head, j = rem % per_head;
+    const size_t base = (size_t)r * a.cols + (size_t)h * a.head_dim;
+    u64 p = (u64)(step ? step[0] : start) + (u64)r;
+    if (ring != NONE_U32) p %= ring;
+    u8* row = dst + p * dst_row;
+    const int col = h * a.head_dim;
+    if (j >= half) {
+        const int d = a.n_dims + (j - half);
+        enc<D>(row, col + d, x[base + d]);
+        return;
+    }
+    const int pos = positions[r];
+    float2 cs;
+    if (pos >= 0 && (u32)pos < a.table_positions) cs = table[(size_t)pos * half + j];
+    else cs = rope_angle_fallback(a, pos, j);
+    const int ia = a.neox ? j : 2 * j;
+    const int ib = a.neox ? j + half : 2 * j + 1;
+    const float x0 = x[base + ia], x1 = x[base + ib];
+    enc<D>(row, col + ia, __fmaf_rn(x0, cs.x, -(x1 * cs.y)));
+    enc<D>(row, col + ib, __fmaf_rn(x0, cs.y, x1 * cs.x));
+}
+
+#define ROPE_SET_ROWS_ENTRY(SUFFIX, D)                                                         \
+    extern "C" __global__ void rope_set_rows_##SUFFIX(const float* x, const i32* positions,    \
+                                                       u8* dst, const float2* table,           \
+                                                       RopeArgs a, u64 dst_row, u32 start,     \
+                                                       u32 ring, const u32* step) {            \
+        rope_set_rows_body<D>(x, positions, dst, table, a, dst_row, start, ring, step);        \
+    }
+ROPE_SET_ROWS_ENTRY(f32, 0)
+ROPE_SET_ROWS_ENTRY(f16, 1)
+ROPE_SET_ROWS_ENTRY(bf16, 2)

@@ -1,0 +1,232 @@
+//! Fused ops on CUDA (see fused.cu): rms_norm + quantize, add + rms_norm +
+//! quantize, silu_mul + quantize, rope + set_rows. Same bits as their
+//! chains (`weft_ops::fused::decompose`).
+
+use super::launch::{
+    bad_call, blocks_for, check_aligned, check_arity, launch as enqueue, natural_alignment,
+    unsupported, Arg, BLOCK,
+};
+use super::{CudaKernels, DeviceTensor};
+use cudarc::driver::CudaStream;
+use weft_ops::{DType, OpError, OpNode, RopeParams, Tensor};
+
+pub(super) const KERNELS: &[&str] = &[
+    "rms_norm_quant_q8_0",
+    "rms_norm_quant_q8_1",
+    "rms_norm_quant_q8_k",
+    "rms_norm_quant_f16",
+    "rms_norm_quant_bf16",
+    "add_rms_norm_quant_q8_0",
+    "add_rms_norm_quant_q8_1",
+    "add_rms_norm_quant_q8_k",
+    "add_rms_norm_quant_f16",
+    "add_rms_norm_quant_bf16",
+    "silu_mul_quant_q8_0",
+    "silu_mul_quant_q8_1",
+    "silu_mul_quant_q8_k",
+    "silu_mul_quant_f16",
+    "silu_mul_quant_bf16",
+    "rope_set_rows_f32",
+    "rope_set_rows_f16",
+    "rope_set_rows_bf16",
+];
+
+/// Rows per block of the norm kernels (one warp each).
+const ROWS_PER_BLOCK: usize = 4;
+
+fn act_suffix(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
+    Ok(match dtype {
+        DType::Q8_0 => "q8_0",
+        DType::Q8_1 => "q8_1",
+        DType::Q8_K => "q8_k",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        other => return Err(unsupported(op, format!("{other} activations"))),
+    })
+}
+
+pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), OpError> {
+    act_suffix(op, out.dtype).map(|_| ())
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn rms_norm_quantize(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "rms_norm_quantize";
+    check_arity(OP, ins, outs, 2)?;
+    let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
+    check_aligned(OP, x, 4)?;
+    check_aligned(OP, w, 4)?;
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    let rows = x.tensor.rows();
+    let name = format!("rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &name)?,
+        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+        (32 * ROWS_PER_BLOCK) as u32,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(rows as i32),
+            Arg::I32(x.tensor.cols() as i32),
+            Arg::F32(eps),
+        ],
+        OP,
+    )
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn add_rms_norm_quantize(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "add_rms_norm_quantize";
+    check_arity(OP, ins, outs, 3)?;
+    if outs.len() < 2 {
+        return Err(bad_call(
+            OP,
+            "expected two outputs (the sum and the quantized rows)".into(),
+        ));
+    }
+    let (x, b, w, sum, out) = (&ins[0], &ins[1], &ins[2], &outs[0], &outs[1]);
+    for t in [x, b, w, sum] {
+        check_aligned(OP, t, 4)?;
+    }
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    let rows = x.tensor.rows();
+    let broadcast = b.tensor.rows() == 1;
+    let name = format!("add_rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &name)?,
+        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+        (32 * ROWS_PER_BLOCK) as u32,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(b.ptr),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(sum.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(rows as i32),
+            Arg::I32(x.tensor.cols() as i32),
+            Arg::F32(eps),
+            Arg::I32(broadcast as i32),
+        ],
+        OP,
+    )
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn silu_mul_quantize(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<(), OpError> {
+    const OP: &str = "silu_mul_quantize";
+    check_arity(OP, ins, outs, 2)?;
+    let (g, u, out) = (&ins[0], &ins[1], &outs[0]);
+    check_aligned(OP, g, 4)?;
+    check_aligned(OP, u, 4)?;
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    let (rows, cols) = (g.tensor.rows(), g.tensor.cols());
+    let total = (rows * cols) as u64;
+    let threads = match out.tensor.dtype {
+        DType::Q8_0 | DType::Q8_1 => total / 32,
+        DType::Q8_K => total / 256 * 32,
+        _ => total,
+    };
+    let name = format!("silu_mul_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &name)?,
+        (blocks_for(threads), 1, 1),
+        BLOCK,
+        0,
+        &[
+            Arg::Ptr(g.ptr),
+            Arg::Ptr(u.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+        ],
+        OP,
+    )
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rope_set_rows(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    p: &RopeParams,
+    start: u32,
+    ring: Option<u32>,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    step: u64,
+) -> Result<(), OpError> {
+    const OP: &str = "rope_set_rows";
+    check_arity(OP, ins, outs, 2)?;
+    let (x, pos, dst) = (&ins[0], &ins[1], &outs[0]);
+    super::rows::supports_set_rows(&dst.tensor)?;
+    check_aligned(OP, x, 4)?;
+    check_aligned(OP, pos, 4)?;
+    check_aligned(OP, dst, natural_alignment(dst.tensor.dtype))?;
+    let (table, table_len) = kernels.rope_table(p).ok_or_else(|| {
+        bad_call(
+            OP,
+            "the rope table for these parameters is not prepared: call prepare() first".into(),
+        )
+    })?;
+    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
+    let suffix = match dst.tensor.dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        _ => "bf16",
+    };
+    let args = super::rope::rope_args(p, rows, cols, table_len);
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &format!("rope_set_rows_{suffix}"))?,
+        (blocks_for(super::rope::rope_threads(p, rows, cols)), 1, 1),
+        BLOCK,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(pos.ptr),
+            Arg::Ptr(dst.ptr),
+            Arg::Ptr(table),
+            Arg::Rope(args),
+            Arg::U64(dst.tensor.row_bytes() as u64),
+            Arg::U32(start),
+            Arg::U32(ring.unwrap_or(u32::MAX)),
+            Arg::Ptr(step),
+        ],
+        OP,
+    )
+}
+
+/// Rope parameters of a rope-carrying fused node, for `prepare`.
+pub(super) fn rope_params(node: &OpNode) -> Option<RopeParams> {
+    match &node.op {
+        weft_ops::Op::RopeSetRows { rope, .. } => Some(*rope),
+        _ => None,
+    }
+}

@@ -1,0 +1,134 @@
+//! Launch plumbing shared by the op families: kernel arguments, launch
+//! configurations, alignment checks and error mapping.
+
+use super::DeviceTensor;
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use weft_ops::{DType, OpError};
+
+/// One kernel argument, by value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    /// A device address (or 0 for a null pointer).
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    Attn(super::attention::AttnArgs),
+    Rope(super::rope::RopeArgs),
+}
+
+/// Threads per block of the one-element-per-thread kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// Blocks of `BLOCK` threads covering `count` elements.
+pub(crate) fn blocks_for(count: u64) -> u32 {
+    count.div_ceil(BLOCK as u64).max(1) as u32
+}
+
+/// Enqueues `func` on `stream`.
+///
+/// # Safety
+/// `args` must match the kernel's parameters in number, order and type, and
+/// every pointer must cover what the kernel touches for this grid.
+pub(crate) unsafe fn launch(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared_bytes: u32,
+    args: &[Arg],
+    op: &'static str,
+) -> Result<(), OpError> {
+    let mut builder = stream.launch_builder(func);
+    for a in args {
+        match a {
+            Arg::Ptr(v) | Arg::U64(v) => builder.arg(v),
+            Arg::I32(v) => builder.arg(v),
+            Arg::U32(v) => builder.arg(v),
+            Arg::F32(v) => builder.arg(v),
+            Arg::Attn(v) => builder.arg(v),
+            Arg::Rope(v) => builder.arg(v),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: shared_bytes,
+    };
+    // SAFETY: forwarded to the caller (argument list and memory coverage).
+    unsafe { builder.launch(cfg) }.map_err(|e| driver_error(op, "kernel launch", e))?;
+    Ok(())
+}
+
+/// A driver or compiler failure while running `op`.
+pub(crate) fn driver_error(op: &'static str, what: &str, e: impl std::fmt::Display) -> OpError {
+    OpError::Param {
+        op,
+        message: format!("[weft-kernels::cuda] {what} failed: {e}"),
+    }
+}
+
+/// `op` does not run on CUDA for this reason.
+pub(crate) fn unsupported(op: &'static str, what: String) -> OpError {
+    OpError::Unsupported {
+        op,
+        what: format!("{what} on CUDA"),
+    }
+}
+
+/// A malformed call (wrong arity, misaligned tensor, missing preparation).
+pub(crate) fn bad_call(op: &'static str, message: String) -> OpError {
+    OpError::Param {
+        op,
+        message: format!("[weft-kernels::cuda] {message}"),
+    }
+}
+
+/// Checks that `t` starts at a multiple of `align` bytes.
+pub(crate) fn check_aligned(op: &'static str, t: &DeviceTensor, align: u64) -> Result<(), OpError> {
+    if !t.ptr.is_multiple_of(align) {
+        return Err(bad_call(
+            op,
+            format!(
+                "tensor {:?} at device address {:#x} is not {align}-byte aligned",
+                t.tensor, t.ptr
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The alignment a kernel's loads need for tensors of `dtype`.
+pub(crate) fn natural_alignment(dtype: DType) -> u64 {
+    match dtype {
+        DType::F32 | DType::I32 | DType::Q4_1 | DType::Q4_K | DType::Q8_1 | DType::Q8_K => 4,
+        _ => 2,
+    }
+}
+
+/// Checks the count of inputs and outputs.
+pub(crate) fn check_arity(
+    op: &'static str,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    want_ins: usize,
+) -> Result<(), OpError> {
+    if ins.len() < want_ins || outs.is_empty() {
+        return Err(bad_call(
+            op,
+            format!(
+                "expected {want_ins} inputs and 1 output, got {} and {}",
+                ins.len(),
+                outs.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+// SAFETY: plain `#[repr(C)]` structs of 4-byte scalars, laid out as the
+// matching CUDA C structs (`AttnArgs`, `RopeArgs`).
+unsafe impl DeviceRepr for super::attention::AttnArgs {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for super::rope::RopeArgs {}

@@ -1,0 +1,366 @@
+// Matrix products `out[t][r] = w_row(r) . act_row(t)` in the order of weft's
+// CPU kernels (ggml's x86 order, `kernels/src/cpu/quant/scalar.rs`):
+//
+// - 32-element formats (Q4_0, Q4_1, Q5_0, Q8_0) x Q8_0/Q8_1 activations and
+//   the K formats (Q4_K, Q6_K) x Q8_K: eight f32 lanes per (row, token); lane
+//   k gets, per block, the exact integer sum of elements 4k..4k+3 of each
+//   32-element chunk (one `__dp4a`), accumulated with a fused multiply-add
+//   by the block's combined scale, blocks in order; then `hsum_float_8`.
+//   Eight consecutive threads hold the eight lanes of one (row, token set),
+//   so a weight row is read by its eight threads side by side.
+// - F32, F16, BF16: ggml's `vec_dot` (four 16-lane accumulators per 64
+//   elements, a fixed fold and reduction, a scalar tail) or, for two or more
+//   tokens, tinyBLAS's order (one 16-lane accumulator). Sixteen threads per
+//   row hold the sixteen lanes.
+//
+// Each thread handles TT tokens at once (one weight load feeds TT dot
+// products). Rows past the matrix still run (the shuffles need every lane)
+// and skip the store.
+
+// ---- 32-element formats --------------------------------------------------
+
+struct FmtQ4_0 {
+    enum { BYTES = 18, HAS_MIN = 0 };
+    static __device__ __forceinline__ u32 codes(const u8* b, int k) {
+        u32 w = ld_u32_a2(b + 2 + 4 * (k & 3));
+        return __vsub4((w >> (4 * (k >> 2))) & 0x0f0f0f0fu, 0x08080808u);
+    }
+};
+struct FmtQ4_1 {
+    enum { BYTES = 20, HAS_MIN = 1 };
+    static __device__ __forceinline__ u32 codes(const u8* b, int k) {
+        u32 w = ld_u32_a4(b + 4 + 4 * (k & 3));
+        return (w >> (4 * (k >> 2))) & 0x0f0f0f0fu;
+    }
+};
+struct FmtQ5_0 {
+    enum { BYTES = 22, HAS_MIN = 0 };
+    static __device__ __forceinline__ u32 codes(const u8* b, int k) {
+        u32 w = ld_u32_a2(b + 6 + 4 * (k & 3));
+        u32 nib = (w >> (4 * (k >> 2))) & 0x0f0f0f0fu;
+        u32 hb = (ld_u32_a2(b + 2) >> (4 * k)) & 0xfu;
+        u32 high = ((hb & 1u) << 4) | ((hb & 2u) << 11) | ((hb & 4u) << 18) | ((hb & 8u) << 25);
+        return __vsub4(nib | high, 0x10101010u);
+    }
+};
+struct FmtQ8_0 {
+    enum { BYTES = 34, HAS_MIN = 0 };
+    static __device__ __forceinline__ u32 codes(const u8* b, int k) { return ld_u32_a2(b + 2 + 4 * k); }
+};
+
+// Activation blocks: Q8_0 (34 bytes: d, qs) or Q8_1 (36 bytes: d, s, qs).
+template <int HAS_MIN>
+struct Act {
+    enum { BYTES = HAS_MIN ? 36 : 34 };
+    static __device__ __forceinline__ u32 quants(const u8* a, int k) {
+        return HAS_MIN ? ld_u32_a4(a + 4 + 4 * k) : ld_u32_a2(a + 2 + 4 * k);
+    }
+};
+
+template <class F, int TT>
+DEV void mm_block32(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    typedef Act<F::HAS_MIN> A;
+    const int k = threadIdx.x & 7;
+    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int t0 = blockIdx.y * TT;
+    const int r = min(row, m - 1);
+    const u8* wrow = w + (size_t)r * nb * F::BYTES;
+    const size_t arow = (size_t)nb * A::BYTES;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * arow;
+    float acc[TT], summs[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = summs[t] = 0.0f;
+#pragma unroll 2
+    for (int b = 0; b < nb; b++) {
+        const u8* wb = wrow + (size_t)b * F::BYTES;
+        const u32 wq = F::codes(wb, k);
+        const float wd = ld_f16(wb);
+        const float wm = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            const u8* ab = a[t] + (size_t)b * A::BYTES;
+            const int isum = __dp4a((int)wq, (int)A::quants(ab, k), 0);
+            const float dd = __fmul_rn(wd, ld_f16(ab));
+            acc[t] = __fmaf_rn(dd, (float)isum, acc[t]);
+            if (F::HAS_MIN) summs[t] = __fmaf_rn(wm, ld_f16(ab + 2), summs[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        float s = hsum8_lanes(acc[t]);
+        if (F::HAS_MIN) s = s + summs[t];
+        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+    }
+}
+
+// ---- K formats x Q8_K ------------------------------------------------------------
+
+template <int TT>
+DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    const int k = threadIdx.x & 7;
+    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int t0 = blockIdx.y * TT;
+    const int r = min(row, m - 1);
+    const u8* wrow = w + (size_t)r * nb * 144;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+    float acc[TT], accm[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const u8* x = wrow + (size_t)b * 144;
+        int sc[8], mn[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) q4k_scales_mins(x + 4, j, &sc[j], &mn[j]);
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int cp = 0; cp < 4; cp++) {
+            const u32 q = ld_u32_a4(x + 16 + 32 * cp + 4 * k);
+            lo[cp] = q & 0x0f0f0f0fu;
+            hi[cp] = (q >> 4) & 0x0f0f0f0fu;
+        }
+        const float wd = ld_f16(x), wdmin = ld_f16(x + 2);
+        const int km = k & 3;
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            const u8* y = a[t] + (size_t)b * Q8K_BYTES;
+            int sumi = 0;
+#pragma unroll
+            for (int cp = 0; cp < 4; cp++) {
+                sumi += sc[2 * cp] * __dp4a((int)lo[cp], (int)ld_u32_a4(y + 4 + 64 * cp + 4 * k), 0);
+                sumi += sc[2 * cp + 1] * __dp4a((int)hi[cp], (int)ld_u32_a4(y + 36 + 64 * cp + 4 * k), 0);
+            }
+            const float yd = __int_as_float((int)ld_u32_a4(y));
+            const float d = __fmul_rn(yd, wd);
+            const float dmin = __fmul_rn(-yd, wdmin);
+            acc[t] = __fmaf_rn(d, (float)sumi, acc[t]);
+            const i16* bs = (const i16*)(y + 260);
+            const int b0 = (int)bs[4 * km] + (int)bs[4 * km + 1];
+            const int b1 = (int)bs[4 * km + 2] + (int)bs[4 * km + 3];
+            const int prod = mn[2 * km] * b0 + mn[2 * km + 1] * b1;
+            accm[t] = __fmaf_rn(dmin, (float)prod, accm[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float s = hsum8_lanes(acc[t]);
+        // lanes 0..3 hold acc_m[0..3]: (m0 + m2) + (m1 + m3)
+        const float u = accm[t] + __shfl_down_sync(FULL_MASK, accm[t], 2, 8);
+        const float mm = u + __shfl_down_sync(FULL_MASK, u, 1, 8);
+        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s + mm;
+    }
+}
+
+template <int TT>
+DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    const int k = threadIdx.x & 7;
+    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int t0 = blockIdx.y * TT;
+    const int r = min(row, m - 1);
+    const u8* wrow = w + (size_t)r * nb * 210;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const u8* x = wrow + (size_t)b * 210;
+        u32 wq[8];
+        int sc[8];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 ql0 = ld_u32_a2(x + 64 * h + 4 * k);
+            const u32 ql1 = ld_u32_a2(x + 64 * h + 32 + 4 * k);
+            const u32 qh = ld_u32_a2(x + 128 + 32 * h + 4 * k);
+            const u32 nib[4] = {ql0 & 0x0f0f0f0fu, ql1 & 0x0f0f0f0fu, (ql0 >> 4) & 0x0f0f0f0fu,
+                                (ql1 >> 4) & 0x0f0f0f0fu};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u32 high = ((qh >> (2 * j)) & 0x03030303u) << 4;
+                wq[4 * h + j] = __vsub4(nib[j] | high, 0x20202020u);
+                sc[4 * h + j] = (int)(i8)x[192 + 2 * (4 * h + j) + (k >> 2)];
+            }
+        }
+        const float wd = ld_f16(x + 208);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            const u8* y = a[t] + (size_t)b * Q8K_BYTES;
+            int sumi = 0;
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                sumi += sc[c] * __dp4a((int)wq[c], (int)ld_u32_a4(y + 4 + 32 * c + 4 * k), 0);
+            const float yd = __int_as_float((int)ld_u32_a4(y));
+            acc[t] = __fmaf_rn(__fmul_rn(yd, wd), (float)sumi, acc[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float s = hsum8_lanes(acc[t]);
+        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+    }
+}
+
+// ---- float formats ------------------------------------------------------------
+// W = 0: f32, 1: f16, 2: bf16 (activations of the same type).
+
+template <int W>
+DEV float fval(const u8* p, int i) {
+    if (W == 0) return ((const float*)p)[i];
+    if (W == 1) return h2f(((const u16*)p)[i]);
+    return bf2f(((const u16*)p)[i]);
+}
+
+// ggml's vec_dot_{f32,f16,bf16} for TT tokens; 16 lanes per row. The body
+// covers the first k - k % 64 elements; the tail is added by the first lane:
+// f32 with fused multiply-adds, f16 and bf16 in f64.
+template <int W, int TT>
+DEV void mm_float_vecdot(const u8* w, const u8* act, float* out, int m, int n, int kdim) {
+    const int l = threadIdx.x & 15;
+    const int row = blockIdx.x * (blockDim.x / 16) + (threadIdx.x >> 4);
+    const int t0 = blockIdx.y * TT;
+    const int r = min(row, m - 1);
+    const int esz = W == 0 ? 4 : 2;
+    const u8* wr = w + (size_t)r * kdim * esz;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * kdim * esz;
+    const int body = kdim - kdim % 64;
+    float red0[TT], red1[TT];
+    if (W != 2) {
+        float acc[TT][4];
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[t][j] = 0.0f;
+        for (int base = 0; base < body; base += 64) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float x = fval<W>(wr, base + 16 * j + l);
+#pragma unroll
+                for (int t = 0; t < TT; t++)
+                    acc[t][j] = __fmaf_rn(x, fval<W>(a[t], base + 16 * j + l), acc[t][j]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            red0[t] = reduce16_lanes((acc[t][0] + acc[t][2]) + (acc[t][1] + acc[t][3]));
+            red1[t] = 0.0f;
+        }
+    } else {
+        float acc[TT][2];
+#pragma unroll
+        for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
+        for (int base = 0; base < body; base += 64) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int i = base + 32 * j + 2 * l;
+                const float x1 = fval<W>(wr, i + 1), x0 = fval<W>(wr, i);
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    acc[t][j] = acc[t][j] + x1 * fval<W>(a[t], i + 1);
+                    acc[t][j] = acc[t][j] + x0 * fval<W>(a[t], i);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            red0[t] = reduce16_lanes(acc[t][0]);
+            red1[t] = reduce16_lanes(acc[t][1]);
+        }
+    }
+    if (l != 0) return;
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        float v;
+        if (W == 0) {
+            v = red0[t];
+            for (int i = body; i < kdim; i++) v = __fmaf_rn(fval<W>(wr, i), fval<W>(a[t], i), v);
+        } else if (W == 1) {
+            double s = (double)red0[t];
+            for (int i = body; i < kdim; i++) s += (double)(fval<W>(wr, i) * fval<W>(a[t], i));
+            v = __double2float_rn(s);
+        } else {
+            double s = 0.0;
+            if (body > 0) {
+                s += (double)red0[t];
+                s += (double)red1[t];
+            }
+            for (int i = body; i < kdim; i++) s += (double)(fval<W>(wr, i) * fval<W>(a[t], i));
+            v = __double2float_rn(s);
+        }
+        if (row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = v;
+    }
+}
+
+// tinyBLAS order (n >= 2, k a multiple of 16 (32 for bf16), m a multiple of 4).
+template <int W, int TT>
+DEV void mm_float_tiny(const u8* w, const u8* act, float* out, int m, int n, int kdim) {
+    const int l = threadIdx.x & 15;
+    const int row = blockIdx.x * (blockDim.x / 16) + (threadIdx.x >> 4);
+    const int t0 = blockIdx.y * TT;
+    const int r = min(row, m - 1);
+    const int esz = W == 0 ? 4 : 2;
+    const u8* wr = w + (size_t)r * kdim * esz;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * kdim * esz;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+    if (W != 2) {
+        for (int c = 0; c < kdim; c += 16) {
+            const float x = fval<W>(wr, c + l);
+#pragma unroll
+            for (int t = 0; t < TT; t++) acc[t] = __fmaf_rn(x, fval<W>(a[t], c + l), acc[t]);
+        }
+    } else {
+        for (int c = 0; c < kdim; c += 32) {
+            const float x1 = fval<W>(wr, c + 2 * l + 1), x0 = fval<W>(wr, c + 2 * l);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                acc[t] = acc[t] + x1 * fval<W>(a[t], c + 2 * l + 1);
+                acc[t] = acc[t] + x0 * fval<W>(a[t], c + 2 * l);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float s = reduce16_lanes(acc[t]);
+        if (l == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+    }
+}
+
+// ---- entry points ------------------------------------------------------------------
+// (w, act, out, m = weight rows, n = tokens, nb = blocks per row or k)
+
+#define MM_ENTRY(NAME, BODY)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        NAME(const u8* w, const u8* act, float* out, int m, int n, int kb) {                   \
+        BODY(w, act, out, m, n, kb);                                                           \
+    }
+
+MM_ENTRY(mm_q4_0_t1, (mm_block32<FmtQ4_0, 1>))
+MM_ENTRY(mm_q4_0_t4, (mm_block32<FmtQ4_0, 4>))
+MM_ENTRY(mm_q4_1_t1, (mm_block32<FmtQ4_1, 1>))
+MM_ENTRY(mm_q4_1_t4, (mm_block32<FmtQ4_1, 4>))
+MM_ENTRY(mm_q5_0_t1, (mm_block32<FmtQ5_0, 1>))
+MM_ENTRY(mm_q5_0_t4, (mm_block32<FmtQ5_0, 4>))
+MM_ENTRY(mm_q8_0_t1, (mm_block32<FmtQ8_0, 1>))
+MM_ENTRY(mm_q8_0_t4, (mm_block32<FmtQ8_0, 4>))
+MM_ENTRY(mm_q4_k_t1, mm_q4k<1>)
+MM_ENTRY(mm_q4_k_t4, mm_q4k<4>)
+MM_ENTRY(mm_q6_k_t1, mm_q6k<1>)
+MM_ENTRY(mm_q6_k_t4, mm_q6k<4>)
+MM_ENTRY(mm_f32_dot_t1, (mm_float_vecdot<0, 1>))
+MM_ENTRY(mm_f32_dot_t4, (mm_float_vecdot<0, 4>))
+MM_ENTRY(mm_f16_dot_t1, (mm_float_vecdot<1, 1>))
+MM_ENTRY(mm_f16_dot_t4, (mm_float_vecdot<1, 4>))
+MM_ENTRY(mm_bf16_dot_t1, (mm_float_vecdot<2, 1>))
+MM_ENTRY(mm_bf16_dot_t4, (mm_float_vecdot<2, 4>))
+MM_ENTRY(mm_f32_tiny_t4, (mm_float_tiny<0, 4>))
+MM_ENTRY(mm_f16_tiny_t4, (mm_float_tiny<1, 4>))
+MM_ENTRY(mm_bf16_tiny_t4, (mm_float_tiny<2, 4>))

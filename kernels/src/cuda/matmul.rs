@@ -1,0 +1,172 @@
+//! `out = x @ w^T` on CUDA: quantized matvec / matmul in the CPU's lane
+//! order (`matmul.cu`), f32 activations quantized into the node's scratch
+//! first (as the CPU does per call).
+
+use super::launch::{
+    bad_call, check_aligned, check_arity, launch as enqueue, natural_alignment, unsupported, Arg,
+};
+use super::{CudaKernels, DeviceTensor};
+use cudarc::driver::CudaStream;
+use weft_ops::quant::vec_dot_type;
+use weft_ops::{DType, OpError, OpNode};
+
+pub(super) const KERNELS: &[&str] = &[
+    "mm_q4_0_t1",
+    "mm_q4_0_t4",
+    "mm_q4_1_t1",
+    "mm_q4_1_t4",
+    "mm_q5_0_t1",
+    "mm_q5_0_t4",
+    "mm_q8_0_t1",
+    "mm_q8_0_t4",
+    "mm_q4_k_t1",
+    "mm_q4_k_t4",
+    "mm_q6_k_t1",
+    "mm_q6_k_t4",
+    "mm_f32_dot_t1",
+    "mm_f32_dot_t4",
+    "mm_f16_dot_t1",
+    "mm_f16_dot_t4",
+    "mm_bf16_dot_t1",
+    "mm_bf16_dot_t4",
+    "mm_f32_tiny_t4",
+    "mm_f16_tiny_t4",
+    "mm_bf16_tiny_t4",
+];
+
+/// Tokens per thread when a product has more than one token.
+const TOKENS_PER_THREAD: usize = 4;
+
+pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
+    let (x, w) = (&node.inputs[0], &node.inputs[1]);
+    match w.dtype {
+        DType::F32
+        | DType::F16
+        | DType::BF16
+        | DType::Q4_0
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q8_0
+        | DType::Q4_K
+        | DType::Q6_K => {}
+        other => return Err(unsupported("matmul", format!("{other} weights"))),
+    }
+    let act = vec_dot_type(w.dtype);
+    if x.dtype != act && x.dtype != DType::F32 {
+        return Err(unsupported(
+            "matmul",
+            format!("{} weights with {} activations", w.dtype, x.dtype),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn scratch_bytes(node: &OpNode) -> usize {
+    let (x, w) = (&node.inputs[0], &node.inputs[1]);
+    let act = vec_dot_type(w.dtype);
+    if x.dtype == DType::F32 && act != DType::F32 {
+        act.row_bytes(x.cols()).unwrap_or(0) * x.rows()
+    } else {
+        0
+    }
+}
+
+/// Kernel name, rows per block and tokens per thread for a product.
+fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> (String, usize, usize) {
+    let tt = if n == 1 { 1 } else { TOKENS_PER_THREAD };
+    let quant = |name: &str| (format!("mm_{name}_t{tt}"), 32, tt);
+    match wdtype {
+        DType::Q4_0 => quant("q4_0"),
+        DType::Q4_1 => quant("q4_1"),
+        DType::Q5_0 => quant("q5_0"),
+        DType::Q8_0 => quant("q8_0"),
+        DType::Q4_K => quant("q4_k"),
+        DType::Q6_K => quant("q6_k"),
+        _ => {
+            let name = match wdtype {
+                DType::F32 => "f32",
+                DType::F16 => "f16",
+                _ => "bf16",
+            };
+            let step = if wdtype == DType::BF16 { 32 } else { 16 };
+            // ggml's tinyBLAS takes products of two or more tokens whose k and
+            // weight rows fit its tiles; otherwise vec_dot.
+            if n >= 2 && k.is_multiple_of(step) && m.is_multiple_of(4) {
+                (
+                    format!("mm_{name}_tiny_t{TOKENS_PER_THREAD}"),
+                    16,
+                    TOKENS_PER_THREAD,
+                )
+            } else {
+                (format!("mm_{name}_dot_t{tt}"), 16, tt)
+            }
+        }
+    }
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    node: &OpNode,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    scratch: u64,
+) -> Result<(), OpError> {
+    const OP: &str = "matmul";
+    check_arity(OP, ins, outs, 2)?;
+    let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
+    let (n, k, m) = (x.tensor.rows(), w.tensor.cols(), w.tensor.rows());
+    let act_dtype = vec_dot_type(w.tensor.dtype);
+    check_aligned(OP, w, natural_alignment(w.tensor.dtype))?;
+    check_aligned(OP, out, 4)?;
+    let mut act = x.ptr;
+    if x.tensor.dtype != act_dtype {
+        if scratch == 0 {
+            return Err(bad_call(
+                OP,
+                format!(
+                    "f32 activations for {} weights need {} bytes of scratch (scratch_bytes)",
+                    w.tensor.dtype,
+                    scratch_bytes(node)
+                ),
+            ));
+        }
+        check_aligned(OP, x, 4)?;
+        super::rows::quantize_into(kernels, stream, x.ptr, scratch, act_dtype, n, k)?;
+        act = scratch;
+    } else {
+        check_aligned(OP, x, natural_alignment(act_dtype))?;
+    }
+    if act % natural_alignment(act_dtype) != 0 {
+        return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
+    }
+    let (name, rows_per_block, tt) = plan(w.tensor.dtype, k, m, n);
+    let kb = if w.tensor.dtype.is_quantized() {
+        k / w.tensor.dtype.block_len()
+    } else {
+        k
+    };
+    let grid_y = n.div_ceil(tt);
+    if grid_y > 65_535 {
+        return Err(bad_call(OP, format!("{n} tokens exceed one launch")));
+    }
+    let f = kernels.fns.get(OP, &name)?;
+    enqueue(
+        stream,
+        f,
+        (m.div_ceil(rows_per_block) as u32, grid_y as u32, 1),
+        256,
+        0,
+        &[
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(act),
+            Arg::Ptr(out.ptr),
+            Arg::I32(m as i32),
+            Arg::I32(n as i32),
+            Arg::I32(kb as i32),
+        ],
+        OP,
+    )
+}

@@ -1,0 +1,428 @@
+//! CUDA kernels (feature `cuda`).
+//!
+//! The CUDA C sources (`*.cu` beside this file, one per op family with the
+//! same names as `cpu/`) are compiled at run time with NVRTC for the
+//! device's architecture, once per process, and loaded into a
+//! [`CudaKernels`] per context. The runtime owns buffers, streams and graphs;
+//! this module only enqueues kernels:
+//!
+//! - [`CudaKernels::supports`] says whether a node runs here;
+//! - [`CudaKernels::scratch_bytes`] how much device scratch a launch needs;
+//! - [`CudaKernels::step_scalars`] which values change from one decode step
+//!   to the next (read by the kernels from device memory, so a captured
+//!   CUDA graph replays without recapture);
+//! - [`CudaKernels::prepare`] one-time uploads (rope angle tables, the GELU
+//!   table), outside graph capture;
+//! - [`CudaKernels::launch`] enqueues a node's kernels: no allocation, no
+//!   host synchronisation, capturable.
+//!
+//! **Numerics.** On the SmolLM2 path (Q4_1 and Q8_0 products, Q8 activation
+//! quantizers, rms_norm, rope, silu_mul, the three flash-attention
+//! variants, f16 cache writes, argmax, add/mul/scale) the kernels compute
+//! the same bits as the CPU kernels, which reproduce llama.cpp's x86
+//! arithmetic: every fused multiply-add is written out (NVRTC runs with
+//! `--fmad=false`), glibc's `expf` and ggml's `ggml_v_expf` are ported, the
+//! f64 sums of rms_norm and softmax are reproduced exactly. The other
+//! weight formats follow the CPU's order too. Exceptions: soft-capped
+//! attention scores (CUDA's `tanhf`) and rope positions past the uploaded
+//! table (CUDA's `cosf`/`sinf`) are within a few ulp, not bit-exact.
+
+mod argmax;
+mod attention;
+mod elementwise;
+mod fused;
+mod launch;
+mod matmul;
+mod module;
+mod norm;
+mod rope;
+mod rows;
+mod softmax;
+
+pub use cudarc;
+pub use module::PTX_CACHE_ENV;
+pub use rope::{
+    table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
+};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use launch::{bad_call, driver_error};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use weft_ops::{Op, OpError, OpNode, Tensor};
+
+/// Whether CUDA can run here: `Ok` when the driver library loads and at
+/// least one device exists, otherwise the reason in plain words.
+pub fn driver_status() -> Result<(), String> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so) was not found on this machine".into());
+    }
+    let count = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| "the CUDA driver library could not be used".to_string())?
+        .map_err(|e| format!("the CUDA driver reports an error: {e}"))?;
+    if count < 1 {
+        return Err("the CUDA driver found no GPU".into());
+    }
+    Ok(())
+}
+
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CudaKernels>();
+};
+
+/// A tensor resolved to device memory: the address of its first byte.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceTensor {
+    /// `CUdeviceptr` of the tensor's first byte (buffer base + tensor offset).
+    pub ptr: u64,
+    pub tensor: Tensor,
+}
+
+/// The compiled kernels of one CUDA context, plus the tables they read.
+pub struct CudaKernels {
+    ctx: Arc<CudaContext>,
+    fns: module::Functions,
+    rope_tables: Mutex<HashMap<rope::TableKey, rope::Table>>,
+    gelu: OnceLock<CudaSlice<u16>>,
+    /// Dynamic shared memory the tiled attention kernels may use.
+    tiled_shared_limit: usize,
+}
+
+impl CudaKernels {
+    /// Compiles (once per process and architecture) and loads every kernel.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Self, OpError> {
+        let names: Vec<&'static str> = [
+            argmax::KERNELS,
+            attention::KERNELS,
+            elementwise::KERNELS,
+            fused::KERNELS,
+            matmul::KERNELS,
+            norm::KERNELS,
+            rope::KERNELS,
+            rows::KERNELS,
+            softmax::KERNELS,
+        ]
+        .concat();
+        let fns = module::Functions::load(&ctx, &names)?;
+        let optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| driver_error("cuda", "reading the shared-memory limit", e))?
+            .max(48 * 1024) as usize;
+        let want = attention::tiled_shared_bytes(attention::MAX_HEAD_DIM, weft_ops::DType::F32);
+        let limit = want.min(optin);
+        for name in ["attn_tiled_f16", "attn_tiled_f32"] {
+            fns.get("attention", name)?
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    limit as i32,
+                )
+                .map_err(|e| driver_error("attention", "raising the shared-memory limit", e))?;
+        }
+        Ok(CudaKernels {
+            ctx,
+            fns,
+            rope_tables: Mutex::new(HashMap::new()),
+            gelu: OnceLock::new(),
+            tiled_shared_limit: limit,
+        })
+    }
+
+    /// The context the kernels were loaded into.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Does this backend run `node`? (Checked once per recording.)
+    pub fn supports(&self, node: &OpNode) -> Result<(), OpError> {
+        let f32_inputs = || match node.inputs.iter().find(|t| t.dtype != weft_ops::DType::F32) {
+            None => Ok(()),
+            Some(t) => Err(launch::unsupported(
+                node.op.name(),
+                format!("{} inputs", t.dtype),
+            )),
+        };
+        match &node.op {
+            Op::MatMul => matmul::supports(node),
+            Op::QuantizeRows => rows::supports_quantize(&node.outputs[0]),
+            Op::GetRows => rows::supports_get_rows(&node.inputs[0]),
+            Op::Copy => rows::supports_copy(&node.inputs[0], &node.outputs[0]),
+            Op::SetRows { .. } => rows::supports_set_rows(&node.outputs[0]),
+            Op::Attention(p) => attention::supports(node, p),
+            Op::Rope(p) => {
+                if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
+                    return Err(launch::unsupported(
+                        "rope",
+                        format!("{} of {} rotated dimensions", p.n_dims, p.head_dim),
+                    ));
+                }
+                Ok(())
+            }
+            Op::RmsNorm { .. }
+            | Op::LayerNorm { .. }
+            | Op::Add
+            | Op::Mul
+            | Op::Scale { .. }
+            | Op::SiluMul
+            | Op::Gelu
+            | Op::GeluMul
+            | Op::Softmax { .. }
+            | Op::Argmax => f32_inputs(),
+            Op::RmsNormQuantize { .. } => {
+                f32_inputs()?;
+                fused::supports_quantized("rms_norm_quantize", &node.outputs[0])
+            }
+            Op::AddRmsNormQuantize { .. } => {
+                f32_inputs()?;
+                fused::supports_quantized("add_rms_norm_quantize", &node.outputs[1])
+            }
+            Op::SiluMulQuantize => {
+                f32_inputs()?;
+                fused::supports_quantized("silu_mul_quantize", &node.outputs[0])
+            }
+            Op::RopeSetRows { rope, .. } => {
+                if rope.n_dims > rope.head_dim
+                    || rope.head_dim == 0
+                    || !rope.n_dims.is_multiple_of(2)
+                {
+                    return Err(launch::unsupported(
+                        "rope_set_rows",
+                        format!("{} of {} rotated dimensions", rope.n_dims, rope.head_dim),
+                    ));
+                }
+                rows::supports_set_rows(&node.outputs[0])
+            }
+            Op::Write { .. } => Err(launch::unsupported(
+                "write",
+                "host writes as kernels (the runtime stages them)".into(),
+            )),
+            other => Err(launch::unsupported(other.name(), "this op".into())),
+        }
+    }
+
+    /// Bytes of device scratch one launch of `node` needs (0 for most ops;
+    /// a matmul fed f32 activations quantizes them there).
+    pub fn scratch_bytes(&self, node: &OpNode) -> usize {
+        match &node.op {
+            Op::MatMul => matmul::scratch_bytes(node),
+            _ => 0,
+        }
+    }
+
+    /// Values the kernels read from device memory at `step` (u32s, in this
+    /// order) so a captured graph can be replayed for the next step:
+    /// attention `[q_position, rows of the cache view]`, set_rows and
+    /// rope_set_rows `[start]`.
+    pub fn step_scalars(&self, node: &OpNode) -> Vec<u32> {
+        match &node.op {
+            Op::Attention(p) => attention::step_scalars(node, p),
+            Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
+            _ => Vec::new(),
+        }
+    }
+
+    /// One-time preparation outside graph capture: uploads the rope angle
+    /// table for the node's parameters, or the GELU table.
+    pub fn prepare(&self, node: &OpNode, stream: &Arc<CudaStream>) -> Result<(), OpError> {
+        let rope = match &node.op {
+            Op::Rope(p) => Some(*p),
+            _ => fused::rope_params(node),
+        };
+        match (&node.op, rope) {
+            (_, Some(p)) => {
+                let key = rope::table_key(&p);
+                let mut tables = self
+                    .rope_tables
+                    .lock()
+                    .map_err(|_| bad_call("rope", "rope table lock poisoned".into()))?;
+                if let std::collections::hash_map::Entry::Vacant(slot) = tables.entry(key) {
+                    slot.insert(rope::build_table(stream, &p)?);
+                }
+                Ok(())
+            }
+            (Op::Gelu | Op::GeluMul, None) => {
+                if self.gelu.get().is_none() {
+                    let table = stream
+                        .clone_htod(crate::cpu::glu::gelu_table())
+                        .map_err(|e| driver_error("gelu", "uploading the GELU table", e))?;
+                    stream
+                        .synchronize()
+                        .map_err(|e| driver_error("gelu", "uploading the GELU table", e))?;
+                    let _ = self.gelu.set(table);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Device address and length (positions) of the rope table for `p`.
+    pub(crate) fn rope_table(&self, p: &weft_ops::RopeParams) -> Option<(u64, u32)> {
+        let tables = self.rope_tables.lock().ok()?;
+        let t = tables.get(&rope::table_key(p))?;
+        let stream = t.data.stream().clone();
+        let (ptr, _sync) = t.data.device_ptr(&stream);
+        Some((ptr, t.positions))
+    }
+
+    fn gelu_table_ptr(&self) -> Option<u64> {
+        let t = self.gelu.get()?;
+        let stream = t.stream().clone();
+        let (ptr, _sync) = t.device_ptr(&stream);
+        Some(ptr)
+    }
+
+    /// Enqueues `node`'s kernels on `stream`.
+    ///
+    /// Shapes are the node's static ones, except that for a decode replay
+    /// the attention K/V views may be the whole cache (rows = capacity), the
+    /// real extent being in `step`. `scratch` is the address of
+    /// [`scratch_bytes`](Self::scratch_bytes) bytes (0 when none are needed);
+    /// `step` the address of [`step_scalars`](Self::step_scalars) (0: use the
+    /// node's own values).
+    ///
+    /// # Safety
+    /// Every tensor's `ptr` must point at live device memory of the
+    /// tensor's size in this context, `scratch` and `step` likewise; nothing
+    /// else may write what the node reads, or touch what it writes, until
+    /// the launch completes on `stream`.
+    pub unsafe fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        node: &OpNode,
+        ins: &[DeviceTensor],
+        outs: &[DeviceTensor],
+        scratch: u64,
+        step: u64,
+    ) -> Result<(), OpError> {
+        let s: &CudaStream = stream;
+        match &node.op {
+            Op::GetRows => rows::get_rows(self, s, ins, outs),
+            Op::QuantizeRows => rows::quantize(self, s, ins, outs),
+            Op::MatMul => matmul::launch(self, s, node, ins, outs, scratch),
+            Op::RmsNorm { eps } => norm::rms_norm(self, s, ins, outs, *eps),
+            Op::LayerNorm { eps } => norm::layer_norm(self, s, ins, outs, *eps),
+            Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul | Op::Gelu | Op::GeluMul => {
+                elementwise::launch(self, s, node, ins, outs)
+            }
+            Op::Rope(p) => rope::launch(self, s, p, ins, outs),
+            Op::Softmax { scale } => softmax::launch(self, s, ins, outs, *scale),
+            Op::Attention(p) => attention::launch(self, s, node, p, ins, outs, step),
+            Op::SetRows { start, ring } => rows::set_rows(self, s, ins, outs, *start, *ring, step),
+            Op::Argmax => argmax::launch(self, s, ins, outs),
+            Op::Copy => rows::copy(self, s, ins, outs),
+            Op::RmsNormQuantize { eps } => fused::rms_norm_quantize(self, s, ins, outs, *eps),
+            Op::AddRmsNormQuantize { eps } => {
+                fused::add_rms_norm_quantize(self, s, ins, outs, *eps)
+            }
+            Op::SiluMulQuantize => fused::silu_mul_quantize(self, s, ins, outs),
+            Op::RopeSetRows { rope, start, ring } => {
+                fused::rope_set_rows(self, s, rope, *start, *ring, ins, outs, step)
+            }
+            other => Err(launch::unsupported(other.name(), "this op".into())),
+        }
+    }
+}
+
+/// Test hooks: the numeric building blocks on their own (synchronous,
+/// allocating; never inside a graph).
+#[doc(hidden)]
+pub mod testing {
+    use super::launch::{blocks_for, driver_error, launch, Arg, BLOCK};
+    use super::CudaKernels;
+    use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+    use std::sync::Arc;
+    use weft_ops::OpError;
+
+    fn run_unary(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        name: &'static str,
+        xs: &[f32],
+    ) -> Result<Vec<f32>, OpError> {
+        let err = |e| driver_error("test", name, e);
+        let x = stream.clone_htod(xs).map_err(err)?;
+        let mut y = stream.alloc_zeros::<f32>(xs.len()).map_err(err)?;
+        {
+            let (xp, _a) = x.device_ptr(stream);
+            let (yp, _b) = y.device_ptr_mut(stream);
+            // SAFETY: both buffers hold xs.len() floats.
+            unsafe {
+                launch(
+                    stream,
+                    k.fns.get("test", name)?,
+                    (blocks_for(xs.len() as u64), 1, 1),
+                    BLOCK,
+                    0,
+                    &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::U64(xs.len() as u64)],
+                    "test",
+                )?;
+            }
+        }
+        stream.clone_dtoh(&y).map_err(err)
+    }
+
+    /// The device port of glibc's `expf` over `xs`.
+    pub fn glibc_expf(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        xs: &[f32],
+    ) -> Result<Vec<f32>, OpError> {
+        run_unary(k, stream, "test_glibc_expf", xs)
+    }
+
+    /// The device port of ggml's `ggml_v_expf` over `xs`.
+    pub fn v_expf(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        xs: &[f32],
+    ) -> Result<Vec<f32>, OpError> {
+        run_unary(k, stream, "test_v_expf", xs)
+    }
+
+    /// The device's exact reproduction of `let mut s = 0.0; for t in ts { s += t }`.
+    pub fn seq_sum(k: &CudaKernels, stream: &Arc<CudaStream>, ts: &[f64]) -> Result<f64, OpError> {
+        let err = |e| driver_error("test", "seq_sum", e);
+        let t = stream.clone_htod(ts).map_err(err)?;
+        let mut out = stream.alloc_zeros::<f64>(1).map_err(err)?;
+        {
+            let (tp, _a) = t.device_ptr(stream);
+            let (op, _b) = out.device_ptr_mut(stream);
+            // SAFETY: `t` holds ts.len() doubles, `out` one.
+            unsafe {
+                launch(
+                    stream,
+                    k.fns.get("test", "test_seq_sum")?,
+                    (1, 1, 1),
+                    32,
+                    0,
+                    &[Arg::Ptr(tp), Arg::Ptr(op), Arg::I32(ts.len() as i32)],
+                    "test",
+                )?;
+            }
+        }
+        Ok(stream.clone_dtoh(&out).map_err(err)?[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The CUDA sources compile with NVRTC for sm_90 (needs only the NVRTC
+    /// library, no GPU; skipped where NVRTC is absent, as on CI).
+    #[test]
+    fn sources_compile_with_nvrtc() {
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipping: NVRTC (libnvrtc.so) is not installed here");
+            return;
+        }
+        let opts = super::module::compile_options("sm_90");
+        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(super::module::program_source(), opts)
+        {
+            panic!("NVRTC: {e}");
+        }
+    }
+}

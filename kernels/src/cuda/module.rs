@@ -1,0 +1,151 @@
+//! The CUDA C sources, compiled once per process and GPU architecture with
+//! NVRTC, and the table of kernel functions loaded from them.
+//!
+//! Options: `--fmad=false` (the compiler never contracts a multiply and an
+//! add: every fused multiply-add is written out where the CPU kernels fuse),
+//! IEEE division and square root, no flush-to-zero.
+
+use super::launch::driver_error;
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use weft_ops::OpError;
+
+/// The sources in dependency order (helpers first).
+const SOURCES: [(&str, &str); 10] = [
+    ("common.cu", include_str!("common.cu")),
+    ("matmul.cu", include_str!("matmul.cu")),
+    ("rows.cu", include_str!("rows.cu")),
+    ("norm.cu", include_str!("norm.cu")),
+    ("elementwise.cu", include_str!("elementwise.cu")),
+    ("softmax.cu", include_str!("softmax.cu")),
+    ("argmax.cu", include_str!("argmax.cu")),
+    ("rope.cu", include_str!("rope.cu")),
+    ("attention.cu", include_str!("attention.cu")),
+    ("fused.cu", include_str!("fused.cu")),
+];
+
+/// The whole program, with `#line` markers so compiler messages name the file.
+pub(crate) fn program_source() -> String {
+    let mut src = String::new();
+    for (name, text) in SOURCES {
+        src.push_str(&format!("#line 1 \"{name}\"\n"));
+        src.push_str(text);
+        src.push('\n');
+    }
+    src
+}
+
+/// NVRTC options for `arch` (e.g. `sm_90`).
+pub(crate) fn compile_options(arch: &str) -> CompileOptions {
+    CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            "--diag-suppress=177".into(),
+        ],
+        ..Default::default()
+    }
+}
+
+/// PTX per architecture, compiled at most once per process.
+fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<str>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = cache
+        .lock()
+        .map_err(|_| driver_error("cuda", "PTX cache", "poisoned lock"))?;
+    if let Some(p) = map.get(arch) {
+        return Ok(p.clone());
+    }
+    let source = program_source();
+    let cached = disk_cache_path(&source, arch);
+    if let Some(text) = cached
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+    {
+        let text: Arc<str> = text.into();
+        map.insert(arch.to_string(), text.clone());
+        return Ok(text);
+    }
+    let ptx = compile_ptx_with_opts(source, compile_options(arch)).map_err(|e| {
+        driver_error(
+            "cuda",
+            &format!("NVRTC compilation for {arch}"),
+            describe(e),
+        )
+    })?;
+    let text: Arc<str> = ptx.to_src().into();
+    if let Some(path) = cached {
+        // A cache that cannot be written only costs the next start a compile.
+        let _ = std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))
+            .and_then(|_| std::fs::write(&path, text.as_bytes()));
+    }
+    map.insert(arch.to_string(), text.clone());
+    Ok(text)
+}
+
+/// The environment variable naming a folder where compiled PTX is kept
+/// between processes (unset: compile in every process).
+pub const PTX_CACHE_ENV: &str = "WEFT_CUDA_PTX_CACHE";
+
+/// `<cache>/<hash of source, options and arch>.ptx`, when the cache is on.
+fn disk_cache_path(source: &str, arch: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os(PTX_CACHE_ENV)?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let opts = format!("{:?}", compile_options(arch));
+    for b in source.bytes().chain(opts.bytes()).chain(arch.bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Some(std::path::PathBuf::from(dir).join(format!("weft-{arch}-{h:016x}.ptx")))
+}
+
+/// The compiler's log, readable.
+fn describe(e: cudarc::nvrtc::CompileError) -> String {
+    match e {
+        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+            format!("{nvrtc:?}: {}", log.to_string_lossy())
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// Every kernel of the program, by name.
+pub(crate) struct Functions {
+    map: HashMap<&'static str, CudaFunction>,
+}
+
+impl Functions {
+    /// Compiles (or reuses) the program for `ctx`'s device and loads `names`.
+    pub(crate) fn load(ctx: &Arc<CudaContext>, names: &[&'static str]) -> Result<Self, OpError> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_error("cuda", "reading the compute capability", e))?;
+        let arch = format!("sm_{major}{minor}");
+        let ptx = ptx_for(&arch)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx.to_string()))
+            .map_err(|e| driver_error("cuda", "loading the compiled module", e))?;
+        let mut map = HashMap::new();
+        for &name in names {
+            let f = module
+                .load_function(name)
+                .map_err(|e| driver_error("cuda", &format!("loading kernel `{name}`"), e))?;
+            map.insert(name, f);
+        }
+        Ok(Functions { map })
+    }
+
+    /// The kernel `name` (a name listed at load time).
+    pub(crate) fn get(&self, op: &'static str, name: &str) -> Result<&CudaFunction, OpError> {
+        self.map
+            .get(name)
+            .ok_or_else(|| driver_error(op, "kernel lookup", format!("no kernel `{name}`")))
+    }
+}

@@ -1,0 +1,80 @@
+//! RMS norm and LayerNorm on CUDA (f64 sums reproduced exactly, see norm.cu).
+
+use super::launch::{check_aligned, check_arity, launch as enqueue, Arg};
+use super::{CudaKernels, DeviceTensor};
+use cudarc::driver::CudaStream;
+use weft_ops::OpError;
+
+pub(super) const KERNELS: &[&str] = &["rms_norm", "layer_norm", "test_seq_sum"];
+
+/// Rows per block (one warp each).
+const ROWS_PER_BLOCK: usize = 4;
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn rms_norm(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "rms_norm";
+    check_arity(OP, ins, outs, 2)?;
+    for t in ins.iter().chain(outs) {
+        check_aligned(OP, t, 4)?;
+    }
+    let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
+    let rows = x.tensor.rows();
+    enqueue(
+        stream,
+        kernels.fns.get(OP, "rms_norm")?,
+        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+        (32 * ROWS_PER_BLOCK) as u32,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(rows as i32),
+            Arg::I32(x.tensor.cols() as i32),
+            Arg::F32(eps),
+        ],
+        OP,
+    )
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn layer_norm(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "layer_norm";
+    check_arity(OP, ins, outs, 3)?;
+    for t in ins.iter().chain(outs) {
+        check_aligned(OP, t, 4)?;
+    }
+    let (x, out) = (&ins[0], &outs[0]);
+    let rows = x.tensor.rows();
+    enqueue(
+        stream,
+        kernels.fns.get(OP, "layer_norm")?,
+        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+        (32 * ROWS_PER_BLOCK) as u32,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(ins[1].ptr),
+            Arg::Ptr(ins[2].ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(rows as i32),
+            Arg::I32(x.tensor.cols() as i32),
+            Arg::F32(eps),
+        ],
+        OP,
+    )
+}

@@ -1,0 +1,335 @@
+//! Per-kernel timings on the GPU at SmolLM2-135M shapes (ignored by
+//! default; the device script runs them with `--ignored`).
+//!
+//! Each kernel is captured `REPS` times into one CUDA graph as a serial
+//! chain (as a decode step's dependent nodes are) and the graph is replayed;
+//! the time per node includes the graph's per-node launch cost. Weights
+//! rotate over enough copies to exceed the L2 cache, as a whole model's
+//! weights do. Eager launch times (stream launches, no graph) are printed
+//! beside them.
+
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use cuda_common::*;
+use std::sync::Arc;
+use weft_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use weft_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
+use weft_kernels::cuda::DeviceTensor;
+use weft_ops::quant::quantize_row;
+use weft_ops::reference::HostMemory;
+use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
+
+const REPS: usize = 200;
+/// Bytes of weights to rotate over (several times the H200's 60 MB L2).
+const ROTATE_BYTES: usize = 256 << 20;
+
+struct Case {
+    name: String,
+    /// One node per weight copy (rotated through the graph).
+    nodes: Vec<OpNode>,
+    mem: HostMemory,
+    /// Bytes a launch must move at least (for the bandwidth column).
+    bytes: usize,
+}
+
+fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
+    quantize_row(dtype, x, &mut q).unwrap();
+    q
+}
+
+fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Case {
+    let mut mem = HostMemory::default();
+    let row: Vec<u8> = quantized(wdtype, &rng.rows(1, k));
+    let wbytes = row.len() * m;
+    let copies = if n == 1 {
+        (ROTATE_BYTES / wbytes).clamp(1, REPS)
+    } else {
+        1
+    };
+    let adtype = weft_ops::quant::vec_dot_type(wdtype);
+    let act: Vec<u8> = (0..n)
+        .flat_map(|_| quantized(adtype, &rng.rows(1, k)))
+        .collect();
+    let x = mem.tensor(adtype, &[n, k], &act).unwrap();
+    let o = mem.zeros(DType::F32, &[n, m]).unwrap();
+    let mut nodes = Vec::new();
+    for _ in 0..copies {
+        let mut bytes = Vec::with_capacity(wbytes);
+        for _ in 0..m {
+            bytes.extend(quantized(wdtype, &rng.rows(1, k)));
+        }
+        let w = mem.tensor(wdtype, &[m, k], &bytes).unwrap();
+        nodes.push(node(Op::MatMul, vec![x, w], vec![o]));
+    }
+    Case {
+        name: format!("matmul {wdtype} {m}x{k} n={n}"),
+        nodes,
+        mem,
+        bytes: wbytes + act.len() + n * m * 4,
+    }
+}
+
+fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
+    let (heads, kvh, d) = (9, 3, 64);
+    let rows = q_position as usize + n;
+    let mut mem = HostMemory::default();
+    let q = mem
+        .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
+        .unwrap();
+    let k = mem.zeros(DType::F16, &[rows, kvh * d]).unwrap();
+    let v = mem.zeros(DType::F16, &[rows, kvh * d]).unwrap();
+    mem.set_f32(&k, &rng.vec(rows * kvh * d, 1.0)).unwrap();
+    mem.set_f32(&v, &rng.vec(rows * kvh * d, 1.0)).unwrap();
+    let o = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
+    let p = AttentionParams {
+        heads,
+        kv_heads: kvh,
+        head_dim: d,
+        scale: 0.125,
+        q_position,
+        window: None,
+        ring: None,
+        softcap: 0.0,
+        kv_capacity: 0,
+    };
+    Case {
+        name: format!("attention f16 n={n} at {q_position} ({rows} cached)"),
+        nodes: vec![node(Op::Attention(p), vec![q, k, v], vec![o])],
+        mem,
+        bytes: 2 * rows * kvh * d * 2,
+    }
+}
+
+fn simple_case(name: &str, build: impl FnOnce(&mut HostMemory) -> (OpNode, usize)) -> Case {
+    let mut mem = HostMemory::default();
+    let (n, bytes) = build(&mut mem);
+    Case {
+        name: name.to_string(),
+        nodes: vec![n],
+        mem,
+        bytes,
+    }
+}
+
+/// One ready launch: the node, its device tensors, scratch and step buffers.
+type Launch = (
+    OpNode,
+    Vec<DeviceTensor>,
+    Vec<DeviceTensor>,
+    CudaSlice<u8>,
+    CudaSlice<u8>,
+);
+
+struct Prepared {
+    dev: DevMem,
+    launches: Vec<Launch>,
+}
+
+fn prepare(g: &Gpu, stream: &Arc<CudaStream>, case: &Case) -> Prepared {
+    let mut all: Vec<Tensor> = Vec::new();
+    for n in &case.nodes {
+        all.extend(n.inputs.iter().chain(&n.outputs).copied());
+    }
+    let dev = DevMem::upload(stream, &case.mem, &all);
+    let mut launches = Vec::new();
+    for n in &case.nodes {
+        g.kernels.prepare(n, stream).unwrap();
+        let ins = n.inputs.iter().map(|t| dev.tensor(stream, t)).collect();
+        let outs = n.outputs.iter().map(|t| dev.tensor(stream, t)).collect();
+        let scratch = device_u8(stream, g.kernels.scratch_bytes(n));
+        let mut s = g.kernels.step_scalars(n);
+        s.resize(4, 0);
+        let step = stream
+            .clone_htod(bytemuck::cast_slice::<u32, u8>(&s))
+            .unwrap();
+        launches.push((n.clone(), ins, outs, scratch, step));
+    }
+    Prepared { dev, launches }
+}
+
+fn enqueue(g: &Gpu, stream: &Arc<CudaStream>, p: &Prepared, i: usize) {
+    let (n, ins, outs, scratch, step) = &p.launches[i % p.launches.len()];
+    // SAFETY: the tensors live in `p.dev`, sized by the kernels' answers.
+    unsafe {
+        g.kernels
+            .launch(
+                stream,
+                n,
+                ins,
+                outs,
+                ptr_of(stream, scratch),
+                ptr_of(stream, step),
+            )
+            .unwrap();
+    }
+}
+
+/// (graph µs per node, eager µs per launch)
+fn time_case(g: &Gpu, case: &Case) -> (f64, f64) {
+    let stream = g.stream();
+    let p = prepare(g, &stream, case);
+    let _keep = &p.dev;
+    for i in 0..10 {
+        enqueue(g, &stream, &p, i);
+    }
+    stream.synchronize().unwrap();
+    let start = g.ctx.new_event(None).unwrap();
+    let end = g.ctx.new_event(None).unwrap();
+    start.record(&stream).unwrap();
+    for i in 0..REPS {
+        enqueue(g, &stream, &p, i);
+    }
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    let eager = start.elapsed_ms(&end).unwrap() as f64 * 1000.0 / REPS as f64;
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    for i in 0..REPS {
+        enqueue(g, &stream, &p, i);
+    }
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .unwrap()
+        .unwrap();
+    graph.launch().unwrap();
+    stream.synchronize().unwrap();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        start.record(&stream).unwrap();
+        graph.launch().unwrap();
+        end.record(&stream).unwrap();
+        end.synchronize().unwrap();
+        best = best.min(start.elapsed_ms(&end).unwrap() as f64 * 1000.0 / REPS as f64);
+    }
+    (best, eager)
+}
+
+#[test]
+#[ignore]
+fn kernel_timings_at_smollm2_shapes() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(99);
+    let mut cases = vec![
+        matvec_case(&mut rng, DType::Q4_1, 576, 576, 1),
+        matvec_case(&mut rng, DType::Q4_1, 192, 576, 1),
+        matvec_case(&mut rng, DType::Q4_1, 1536, 576, 1),
+        matvec_case(&mut rng, DType::Q4_1, 576, 1536, 1),
+        matvec_case(&mut rng, DType::Q8_0, 49152, 576, 1),
+        attention_case(&mut rng, 1, 255),
+        attention_case(&mut rng, 1, 1023),
+    ];
+    let d = 576;
+    let x1 = rng.rows(1, 1536);
+    cases.push(simple_case("rms_norm 1x576", |m| {
+        let x = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let w = m.f32_tensor(&[d], &x1[..d]).unwrap();
+        let o = m.zeros(DType::F32, &[1, d]).unwrap();
+        (
+            node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]),
+            3 * d * 4,
+        )
+    }));
+    cases.push(simple_case("quantize q8_1 1x576", |m| {
+        let x = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let o = m.zeros(DType::Q8_1, &[1, d]).unwrap();
+        (node(Op::QuantizeRows, vec![x], vec![o]), d * 4 + 18 * 36)
+    }));
+    cases.push(simple_case("silu_mul 1x1536", |m| {
+        let a = m.f32_tensor(&[1, 1536], &x1).unwrap();
+        let b = m.f32_tensor(&[1, 1536], &x1).unwrap();
+        let o = m.zeros(DType::F32, &[1, 1536]).unwrap();
+        (node(Op::SiluMul, vec![a, b], vec![o]), 3 * 1536 * 4)
+    }));
+    cases.push(simple_case("add 1x576", |m| {
+        let a = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let b = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let o = m.zeros(DType::F32, &[1, d]).unwrap();
+        (node(Op::Add, vec![a, b], vec![o]), 3 * d * 4)
+    }));
+    cases.push(simple_case("rope 1x576 (9 heads)", |m| {
+        let x = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let p = m
+            .tensor(DType::I32, &[1], bytemuck::cast_slice(&[300i32]))
+            .unwrap();
+        let o = m.zeros(DType::F32, &[1, d]).unwrap();
+        let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
+        (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * d * 4)
+    }));
+    cases.push(simple_case("set_rows f16 1x192", |m| {
+        let x = m.f32_tensor(&[1, 192], &x1[..192]).unwrap();
+        let c = m.zeros(DType::F16, &[1024, 192]).unwrap();
+        (
+            node(
+                Op::SetRows {
+                    start: 300,
+                    ring: None,
+                },
+                vec![x],
+                vec![c],
+            ),
+            192 * 6,
+        )
+    }));
+    cases.push(simple_case("argmax 1x49152", |m| {
+        let v: Vec<f32> = (0..49152).map(|i| ((i * 7919) % 10007) as f32).collect();
+        let x = m.f32_tensor(&[1, 49152], &v).unwrap();
+        let o = m.zeros(DType::I32, &[1]).unwrap();
+        (node(Op::Argmax, vec![x], vec![o]), 49152 * 4)
+    }));
+    // prefill 512
+    let n = 512;
+    let xp = rng.rows(n, d);
+    cases.push(matvec_case(&mut rng, DType::Q4_1, 576, 576, n));
+    cases.push(matvec_case(&mut rng, DType::Q4_1, 192, 576, n));
+    cases.push(matvec_case(&mut rng, DType::Q4_1, 1536, 576, n));
+    cases.push(matvec_case(&mut rng, DType::Q4_1, 576, 1536, n));
+    cases.push(attention_case(&mut rng, n, 0));
+    cases.push(simple_case("rms_norm 512x576", |m| {
+        let x = m.f32_tensor(&[n, d], &xp).unwrap();
+        let w = m.f32_tensor(&[d], &xp[..d]).unwrap();
+        let o = m.zeros(DType::F32, &[n, d]).unwrap();
+        (
+            node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]),
+            2 * n * d * 4,
+        )
+    }));
+    cases.push(simple_case("quantize q8_1 512x576", |m| {
+        let x = m.f32_tensor(&[n, d], &xp).unwrap();
+        let o = m.zeros(DType::Q8_1, &[n, d]).unwrap();
+        (
+            node(Op::QuantizeRows, vec![x], vec![o]),
+            n * d * 4 + n * 18 * 36,
+        )
+    }));
+    cases.push(simple_case("rope 512x576", |m| {
+        let x = m.f32_tensor(&[n, d], &xp).unwrap();
+        let pos: Vec<i32> = (0..n as i32).collect();
+        let p = m
+            .tensor(DType::I32, &[n], bytemuck::cast_slice(&pos))
+            .unwrap();
+        let o = m.zeros(DType::F32, &[n, d]).unwrap();
+        let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
+        (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
+    }));
+    let Some(g) = g else {
+        println!("dry run: {} cases built", cases.len());
+        return;
+    };
+    println!();
+    println!(
+        "{:<44} {:>12} {:>12} {:>10}",
+        "kernel", "graph µs", "eager µs", "GB/s"
+    );
+    for case in &cases {
+        let (graph, eager) = time_case(g, case);
+        let gbs = case.bytes as f64 / (graph * 1e-6) / 1e9;
+        println!(
+            "{:<44} {:>12.2} {:>12.2} {:>10.0}",
+            case.name, graph, eager, gbs
+        );
+    }
+}

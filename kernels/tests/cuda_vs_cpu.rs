@@ -1,0 +1,969 @@
+//! The CUDA kernels against weft's CPU kernels, on fresh random inputs.
+//!
+//! Every op on the SmolLM2 path must give the CPU's bits exactly (the CPU
+//! kernels reproduce llama.cpp's x86 arithmetic, and activations are
+//! re-quantized to 8 bits before every matmul, so any deviation cascades).
+//! The other formats follow the CPU's order too and are checked bit for bit
+//! as well; the stated exceptions (soft-capped attention, rope positions
+//! past the angle table) are checked against a tolerance.
+//!
+//! Without a GPU every test prints why and passes; `WEFT_REQUIRE_CUDA=1`
+//! makes that a failure (the device script sets it).
+
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use cuda_common::*;
+use weft_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use weft_kernels::cuda::DeviceTensor;
+use weft_ops::quant::{quantize_row, vec_dot_type};
+use weft_ops::reference::HostMemory;
+use weft_ops::{AttentionParams, DType, Op, RopeMode, RopeParams, Tensor};
+
+fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; dtype.row_bytes(x.len()).expect("whole blocks")];
+    quantize_row(dtype, x, &mut q).expect("quantize");
+    q
+}
+
+/// `rows` rows of random weights in `dtype`.
+fn weights(rng: &mut Rng, mem: &mut HostMemory, dtype: DType, rows: usize, k: usize) -> Tensor {
+    let mut bytes = Vec::with_capacity(dtype.row_bytes(k).unwrap() * rows);
+    for _ in 0..rows {
+        let row = rng.rows(1, k);
+        bytes.extend(quantized(dtype, &row));
+    }
+    mem.tensor(dtype, &[rows, k], &bytes).unwrap()
+}
+
+#[test]
+fn quantize_rows_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(1);
+    for dtype in [
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q8_K,
+        DType::F16,
+        DType::BF16,
+    ] {
+        for (rows, cols) in [(1, 576), (7, 1536), (3, 2048), (64, 256)] {
+            if dtype.row_bytes(cols).is_none() {
+                continue;
+            }
+            let mut mem = HostMemory::default();
+            let mut v = rng.rows(rows, cols);
+            v[..32].fill(0.0); // one all-zero block: the amax == 0 path
+            let x = mem.f32_tensor(&[rows, cols], &v).unwrap();
+            let o = mem.zeros(dtype, &[rows, cols]).unwrap();
+            let n = node(Op::QuantizeRows, vec![x], vec![o]);
+            check_exact(g, &format!("quantize {dtype} {rows}x{cols}"), &n, &mut mem);
+        }
+    }
+}
+
+#[test]
+fn matmul_bit_exact_every_format() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(2);
+    let formats = [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+    ];
+    let mut failures = Vec::new();
+    for wdtype in formats {
+        let k_list: &[usize] = match wdtype {
+            DType::Q4_K | DType::Q6_K => &[256, 1536],
+            DType::F32 | DType::F16 | DType::BF16 => &[576, 100, 1536],
+            _ => &[576, 1536],
+        };
+        for &k in k_list {
+            for (m, n) in [(576, 1), (192, 1), (100, 3), (576, 5), (64, 64), (132, 130)] {
+                for f32_input in [false, true] {
+                    let mut mem = HostMemory::default();
+                    let w = weights(&mut rng, &mut mem, wdtype, m, k);
+                    let adtype = vec_dot_type(wdtype);
+                    let act = rng.rows(n, k);
+                    let x = if f32_input || adtype == DType::F32 {
+                        mem.f32_tensor(&[n, k], &act).unwrap()
+                    } else {
+                        let bytes: Vec<u8> =
+                            act.chunks(k).flat_map(|r| quantized(adtype, r)).collect();
+                        mem.tensor(adtype, &[n, k], &bytes).unwrap()
+                    };
+                    let o = mem.zeros(DType::F32, &[n, m]).unwrap();
+                    let nd = node(Op::MatMul, vec![x, w], vec![o]);
+                    let what = format!("matmul {wdtype} m={m} k={k} n={n} x={}", x.dtype);
+                    poison_outputs(&nd, &mut mem);
+                    let want = run_cpu(&nd, &mem);
+                    let got = run_gpu(g, &nd, &mem);
+                    if let Err(e) = std::panic::catch_unwind(|| {
+                        assert_same(&what, DType::F32, &got[0], &want[0])
+                    }) {
+                        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                        eprintln!("{msg}");
+                        failures.push(what);
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "matmul mismatches: {failures:?}");
+}
+
+#[test]
+fn smollm2_output_matvec_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(3);
+    let mut mem = HostMemory::default();
+    let w = weights(&mut rng, &mut mem, DType::Q8_0, 49152, 576);
+    let x = mem.f32_tensor(&[1, 576], &rng.rows(1, 576)).unwrap();
+    let o = mem.zeros(DType::F32, &[1, 49152]).unwrap();
+    let n = node(Op::MatMul, vec![x, w], vec![o]);
+    check_exact(g, "matmul q8_0 49152x576 (tied output)", &n, &mut mem);
+}
+
+#[test]
+fn get_rows_and_copy_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(4);
+    let tables = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
+    for dtype in tables {
+        let cols = 512;
+        let mut mem = HostMemory::default();
+        let values = rng.rows(40, cols);
+        let bytes: Vec<u8> = if dtype == DType::F32 {
+            bytemuck::cast_slice(&values).to_vec()
+        } else {
+            values
+                .chunks(cols)
+                .flat_map(|r| quantized(dtype, r))
+                .collect()
+        };
+        let table = mem.tensor(dtype, &[40, cols], &bytes).unwrap();
+        let ids: Vec<i32> = (0..9).map(|_| rng.below(40) as i32).collect();
+        let idt = mem
+            .tensor(DType::I32, &[9], bytemuck::cast_slice(&ids))
+            .unwrap();
+        let o = mem.zeros(DType::F32, &[9, cols]).unwrap();
+        let n = node(Op::GetRows, vec![table, idt], vec![o]);
+        check_exact(g, &format!("get_rows {dtype}"), &n, &mut mem);
+        for dst in [DType::F32, DType::F16, DType::BF16] {
+            let o = mem.zeros(dst, &[40, cols]).unwrap();
+            let n = weft_ops::OpNode::new(Op::Copy, vec![table], vec![o]);
+            if n.validate().is_err() {
+                continue;
+            }
+            check_exact(g, &format!("copy {dtype} -> {dst}"), &n, &mut mem);
+        }
+    }
+}
+
+#[test]
+fn set_rows_bit_exact_with_step_scalars() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(5);
+    for dst in [DType::F16, DType::BF16, DType::F32] {
+        for (start, ring) in [(3u32, None), (14, Some(8u32)), (0, None)] {
+            let mut mem = HostMemory::default();
+            let x = mem.f32_tensor(&[5, 192], &rng.rows(5, 192)).unwrap();
+            let cache = mem.zeros(dst, &[24, 192]).unwrap();
+            mem.set_f32(&cache, &rng.vec(24 * 192, 1.0)).unwrap();
+            let n = node(Op::SetRows { start, ring }, vec![x], vec![cache]);
+            check_exact(
+                g,
+                &format!("set_rows {dst} start {start} ring {ring:?}"),
+                &n,
+                &mut mem,
+            );
+            // The same launch, its start taken from the step buffer.
+            if g.is_none() {
+                continue;
+            }
+            let other = node(
+                Op::SetRows {
+                    start: start + 2,
+                    ring,
+                },
+                vec![x],
+                vec![cache],
+            );
+            let want = run_cpu(&other, &mem);
+            let got = run_gpu_with(g, &n, &mem, Some(vec![start + 2]));
+            assert_same(&format!("set_rows {dst} via step"), dst, &got[0], &want[0]);
+        }
+    }
+}
+
+#[test]
+fn norms_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(6);
+    let mut shapes: Vec<(usize, usize, Vec<f32>)> = Vec::new();
+    for (rows, cols) in [(1, 576), (9, 576), (3, 1000), (2, 8192), (5, 640), (4, 64)] {
+        shapes.push((rows, cols, rng.rows(rows, cols)));
+    }
+    // Adversarial rows: magnitudes spread over 2^-60..2^10, repeated values
+    // (ties in the f64 sum), a row of ones (exact powers of two).
+    let spread: Vec<f32> = (0..576)
+        .map(|i| 2f32.powi((i % 70) - 60) * if i % 3 == 0 { -1.0 } else { 1.5 })
+        .collect();
+    shapes.push((1, 576, spread));
+    shapes.push((1, 576, vec![1.0; 576]));
+    let ties: Vec<f32> = (0..576)
+        .map(|i| {
+            if i == 0 {
+                4096.0
+            } else {
+                2f32.powi(-9) * (1.0 + (i % 5) as f32)
+            }
+        })
+        .collect();
+    shapes.push((1, 576, ties));
+    for (rows, cols, values) in shapes {
+        let mut mem = HostMemory::default();
+        let x = mem.f32_tensor(&[rows, cols], &values).unwrap();
+        let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+        let b = mem.f32_tensor(&[cols], &rng.vec(cols, 0.5)).unwrap();
+        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+        let n = node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]);
+        check_exact(g, &format!("rms_norm {rows}x{cols}"), &n, &mut mem);
+        let n = node(Op::LayerNorm { eps: 1e-6 }, vec![x, w, b], vec![o]);
+        check_exact(g, &format!("layer_norm {rows}x{cols}"), &n, &mut mem);
+        let n = node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]);
+        check_exact(g, &format!("softmax {rows}x{cols}"), &n, &mut mem);
+    }
+}
+
+#[test]
+fn exact_sequential_sum_matches_the_cpu_loop() {
+    let Some(g) = gpu() else { return };
+    let stream = g.stream();
+    let mut rng = Rng::new(7);
+    let mut cases: Vec<Vec<f64>> = Vec::new();
+    for n in [1, 5, 31, 576, 1000, 8192, 20000] {
+        for kind in 0..6 {
+            let v: Vec<f64> = (0..n)
+                .map(|i| {
+                    let x = rng.val(1.0);
+                    match kind {
+                        0 => (x * x) as f64,
+                        1 => ((x * 2f32.powi(rng.below(60) as i32 - 40)).powi(2)) as f64,
+                        2 => 2f64.powi(-(rng.below(30) as i32)) * (1 + rng.below(4)) as f64,
+                        3 => {
+                            if i == 0 {
+                                1e6
+                            } else {
+                                (x * 1e-3) as f64 * (x as f64)
+                            }
+                        }
+                        4 => 1.0 + (i % 2) as f64 * 2f64.powi(-53),
+                        _ => ((x as f64) * (x as f64)) * 2f64.powi(rng.below(20) as i32),
+                    }
+                })
+                .collect();
+            cases.push(v);
+        }
+    }
+    for (c, ts) in cases.iter().enumerate() {
+        let mut want = 0f64;
+        for t in ts {
+            want += t;
+        }
+        let got = weft_kernels::cuda::testing::seq_sum(&g.kernels, &stream, ts).unwrap();
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "case {c} (n = {}): gpu {got:e} cpu {want:e}",
+            ts.len()
+        );
+    }
+}
+
+#[test]
+fn elementwise_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(8);
+    for (rows, cols) in [(1, 1536), (7, 576), (3, 100)] {
+        let mut mem = HostMemory::default();
+        let a = mem
+            .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+            .unwrap();
+        let b = mem
+            .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+            .unwrap();
+        let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 2.0)).unwrap();
+        let big = mem
+            .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 30.0))
+            .unwrap();
+        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+        for (what, n) in [
+            ("add", node(Op::Add, vec![a, b], vec![o])),
+            ("add broadcast", node(Op::Add, vec![a, b1], vec![o])),
+            ("mul", node(Op::Mul, vec![a, b], vec![o])),
+            ("mul broadcast", node(Op::Mul, vec![a, b1], vec![o])),
+            ("scale", node(Op::Scale { factor: 0.37 }, vec![a], vec![o])),
+            ("silu_mul", node(Op::SiluMul, vec![a, b], vec![o])),
+            ("silu_mul wide", node(Op::SiluMul, vec![big, b], vec![o])),
+            ("gelu", node(Op::Gelu, vec![big], vec![o])),
+            ("gelu_mul", node(Op::GeluMul, vec![big, b], vec![o])),
+        ] {
+            check_exact(g, &format!("{what} {rows}x{cols}"), &n, &mut mem);
+        }
+    }
+}
+
+#[test]
+fn argmax_lowest_index_on_ties() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(9);
+    let mut v = rng.vec(6 * 49152, 4.0);
+    v[3] = 9.0; // row 0: ties at 3 and 40000
+    v[40000] = 9.0;
+    v[49152] = f32::NAN; // row 1: NaN at index 0
+    v[2 * 49152 + 7] = f32::NAN; // row 2: a NaN elsewhere
+    v[3 * 49152..4 * 49152].fill(f32::NEG_INFINITY); // row 3: all -inf
+    v[4 * 49152 + 100] = 0.0; // row 4: +-0 ties at the top
+    for x in &mut v[4 * 49152..5 * 49152] {
+        *x = -x.abs() - 1.0;
+    }
+    v[4 * 49152 + 100] = -0.0;
+    v[4 * 49152 + 200] = 0.0;
+    let mut mem = HostMemory::default();
+    let x = mem.f32_tensor(&[6, 49152], &v).unwrap();
+    let o = mem.zeros(DType::I32, &[6]).unwrap();
+    let n = node(Op::Argmax, vec![x], vec![o]);
+    check_exact(g, "argmax", &n, &mut mem);
+}
+
+#[test]
+fn rope_bit_exact_from_the_angle_table() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(10);
+    let (rows, heads, d) = (7, 3, 64);
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for n_dims in [64, 32] {
+            for yarn in [false, true] {
+                let mut p = RopeParams::plain(mode, d, n_dims, 100000.0);
+                if yarn {
+                    p.ext_factor = 1.0;
+                    p.freq_scale = 0.25;
+                    p.orig_ctx = 4096;
+                    p.base = 10000.0;
+                }
+                let mut mem = HostMemory::default();
+                let x = mem
+                    .f32_tensor(&[rows, heads * d], &rng.rows(rows, heads * d))
+                    .unwrap();
+                let pos: Vec<i32> = (0..rows)
+                    .map(|i| [0, 1, 5, 255, 1023, 4097, 32767][i])
+                    .collect();
+                let pt = mem
+                    .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
+                    .unwrap();
+                let o = mem.zeros(DType::F32, &[rows, heads * d]).unwrap();
+                let n = node(Op::Rope(p), vec![x, pt], vec![o]);
+                check_exact(
+                    g,
+                    &format!("rope {mode:?} n_dims {n_dims} yarn {yarn}"),
+                    &n,
+                    &mut mem,
+                );
+                // Past the table: CUDA's cosf/sinf, within a few ulp.
+                let far: Vec<i32> = (0..rows as i32).map(|i| 40000 + 977 * i).collect();
+                let ft = mem
+                    .tensor(DType::I32, &[rows], bytemuck::cast_slice(&far))
+                    .unwrap();
+                let n = node(Op::Rope(p), vec![x, ft], vec![o]);
+                let want = run_cpu(&n, &mem);
+                let got = run_gpu(g, &n, &mem);
+                let e = max_rel(&got[0], &want[0], 1e-2);
+                println!(
+                    "rope past the table ({mode:?}, {n_dims}, yarn {yarn}): max rel error {e:e}"
+                );
+                assert!(e < 1e-3, "rope past the table: {e}");
+            }
+        }
+    }
+}
+
+/// An attention case: `n` query rows at `q_position`, a cache view of
+/// `kv_rows` rows (filled with random values everywhere).
+#[allow(clippy::too_many_arguments)]
+fn attention_case(
+    rng: &mut Rng,
+    mem: &mut HostMemory,
+    kv: DType,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    n: usize,
+    q_position: u32,
+    kv_rows: usize,
+    window: Option<u32>,
+    ring: Option<u32>,
+    softcap: f32,
+) -> weft_ops::OpNode {
+    let q = mem
+        .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.5))
+        .unwrap();
+    let k = mem.zeros(kv, &[kv_rows, kv_heads * d]).unwrap();
+    let v = mem.zeros(kv, &[kv_rows, kv_heads * d]).unwrap();
+    mem.set_f32(&k, &rng.vec(kv_rows * kv_heads * d, 1.5))
+        .unwrap();
+    mem.set_f32(&v, &rng.vec(kv_rows * kv_heads * d, 1.0))
+        .unwrap();
+    let o = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
+    let p = AttentionParams {
+        heads,
+        kv_heads,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        q_position,
+        window,
+        ring,
+        softcap,
+        kv_capacity: 0,
+    };
+    node(Op::Attention(p), vec![q, k, v], vec![o])
+}
+
+#[test]
+fn attention_bit_exact_in_all_three_variants() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(11);
+    let mut failures = Vec::new();
+    // (kv, heads, kv_heads, d, n, q_position, window, ring)
+    let mut cases = Vec::new();
+    for kv in [DType::F16, DType::F32] {
+        // decode: one chunk (n_kv < 512) and split KV (n_kv >= 512)
+        for qp in [0u32, 9, 255, 256, 300, 511, 700, 1023] {
+            cases.push((kv, 9, 3, 64, 1, qp, None, None));
+        }
+        // short prefill (one chunk), tiled, tiled + one-chunk remainder
+        for (n, qp) in [
+            (5, 0),
+            (37, 20),
+            (64, 0),
+            (100, 30),
+            (130, 0),
+            (520, 0),
+            (600, 7),
+        ] {
+            cases.push((kv, 9, 3, 64, n, qp, None, None));
+        }
+        // windows and rings
+        cases.push((kv, 6, 2, 64, 4, 20, Some(8), Some(12)));
+        cases.push((kv, 6, 2, 64, 3, 5, Some(4), None));
+        cases.push((kv, 6, 2, 64, 100, 40, Some(50), None));
+        cases.push((kv, 6, 2, 64, 1, 900, Some(512), Some(512)));
+        cases.push((kv, 4, 4, 64, 70, 100, Some(64), Some(96)));
+        // wider heads (Gemma 3: 4 heads over 1, head size 256)
+        cases.push((kv, 4, 1, 256, 1, 600, None, None));
+        cases.push((kv, 4, 1, 256, 9, 3, None, None));
+        cases.push((kv, 4, 1, 256, 80, 0, Some(512), None));
+        cases.push((kv, 8, 2, 128, 66, 10, None, None));
+    }
+    for (kv, heads, kvh, d, n, qp, window, ring) in cases {
+        let mut mem = HostMemory::default();
+        let rows = ring.map_or(qp as usize + n, |r| r as usize);
+        let nd = attention_case(
+            &mut rng, &mut mem, kv, heads, kvh, d, n, qp, rows, window, ring, 0.0,
+        );
+        let what = format!(
+            "attention {kv} h{heads}/{kvh} d{d} n={n} pos={qp} window={window:?} ring={ring:?}"
+        );
+        poison_outputs(&nd, &mut mem);
+        let want = run_cpu(&nd, &mem);
+        let got = run_gpu(g, &nd, &mem);
+        if let Err(e) =
+            std::panic::catch_unwind(|| assert_same(&what, DType::F32, &got[0], &want[0]))
+        {
+            eprintln!(
+                "{}",
+                e.downcast_ref::<String>().cloned().unwrap_or_default()
+            );
+            failures.push(what);
+        }
+    }
+    assert!(failures.is_empty(), "attention mismatches: {failures:?}");
+}
+
+#[test]
+fn attention_decode_over_the_whole_cache_with_step_scalars() {
+    // A decode replay passes the whole cache as the K/V views and the real
+    // extent in the step scalars; the result must equal the node recorded
+    // with the natural view.
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(12);
+    let capacity = 1024;
+    for kv in [DType::F16, DType::F32] {
+        for qp in [3u32, 255, 256, 511, 777] {
+            let mut mem = HostMemory::default();
+            let whole = attention_case(
+                &mut rng, &mut mem, kv, 9, 3, 64, 1, qp, capacity, None, None, 0.0,
+            );
+            let (q, k, v, o) = (
+                whole.inputs[0],
+                whole.inputs[1],
+                whole.inputs[2],
+                whole.outputs[0],
+            );
+            let natural_rows = qp as usize + 1;
+            let kn = k.rows_view(0, natural_rows).unwrap();
+            let vn = v.rows_view(0, natural_rows).unwrap();
+            let Op::Attention(p) = whole.op else {
+                unreachable!()
+            };
+            let natural = node(Op::Attention(p), vec![q, kn, vn], vec![o]);
+            poison_outputs(&natural, &mut mem);
+            let want = run_cpu(&natural, &mem);
+            let scalars = g.kernels.step_scalars(&natural);
+            let got = run_gpu_with(Some(g), &whole, &mem, Some(scalars));
+            assert_same(
+                &format!("attention {kv} whole-cache decode at {qp}"),
+                DType::F32,
+                &got[0],
+                &want[0],
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_softcap_within_tolerance() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(13);
+    for (n, qp) in [(1, 40), (7, 0), (70, 3)] {
+        let mut mem = HostMemory::default();
+        let nd = attention_case(
+            &mut rng,
+            &mut mem,
+            DType::F16,
+            4,
+            2,
+            64,
+            n,
+            qp,
+            qp as usize + n,
+            None,
+            None,
+            30.0,
+        );
+        let want = run_cpu(&nd, &mem);
+        let got = run_gpu(g, &nd, &mem);
+        let e = max_rel(&got[0], &want[0], 1e-2);
+        println!("attention softcap n={n}: max rel error {e:e}");
+        assert!(e < 2e-2, "softcap attention error {e}");
+    }
+}
+
+/// glibc 2.36's `expf` (x86-64 `__expf_fma`), the reference llama.cpp ran
+/// with; equal to that glibc's `expf` on all 2^32 inputs (checked on the
+/// development machine).
+fn glibc_236_expf(x: f32) -> f32 {
+    const TAB: [u64; 32] = [
+        0x3ff0000000000000,
+        0x3fefd9b0d3158574,
+        0x3fefb5586cf9890f,
+        0x3fef9301d0125b51,
+        0x3fef72b83c7d517b,
+        0x3fef54873168b9aa,
+        0x3fef387a6e756238,
+        0x3fef1e9df51fdee1,
+        0x3fef06fe0a31b715,
+        0x3feef1a7373aa9cb,
+        0x3feedea64c123422,
+        0x3feece086061892d,
+        0x3feebfdad5362a27,
+        0x3feeb42b569d4f82,
+        0x3feeab07dd485429,
+        0x3feea47eb03a5585,
+        0x3feea09e667f3bcd,
+        0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187,
+        0x3feea589994cce13,
+        0x3feeace5422aa0db,
+        0x3feeb737b0cdc5e5,
+        0x3feec49182a3f090,
+        0x3feed503b23e255d,
+        0x3feee89f995ad3ad,
+        0x3feeff76f2fb5e47,
+        0x3fef199bdd85529c,
+        0x3fef3720dcef9069,
+        0x3fef5818dcfba487,
+        0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da,
+        0x3fefd0765b6e4540,
+    ];
+    let n = 32.0f64;
+    let invln2n = f64::from_bits(0x3ff71547652b82fe) * n;
+    let shift = f64::from_bits(0x4338000000000000);
+    let c0 = f64::from_bits(0x3fac6af84b912394) / n / n / n;
+    let c1 = f64::from_bits(0x3fcebfce50fac4f3) / n / n;
+    let c2 = f64::from_bits(0x3fe62e42ff0c52d6) / n;
+    let ux = x.to_bits();
+    let abstop = (ux >> 20) & 0x7ff;
+    if abstop >= 0x42b {
+        if ux == 0xff800000 {
+            return 0.0;
+        }
+        if abstop >= 0x7f8 {
+            return x + x;
+        }
+        if x > f32::from_bits(0x42b17217) {
+            return f32::INFINITY;
+        }
+        if x < f32::from_bits(0xc2cff1b4) {
+            return 0.0;
+        }
+    }
+    let xd = x as f64;
+    let kd0 = invln2n.mul_add(xd, shift);
+    let ki = kd0.to_bits();
+    let kd = kd0 - shift;
+    let r = invln2n.mul_add(xd, -kd);
+    let s = f64::from_bits(TAB[(ki % 32) as usize].wrapping_add(ki << 47));
+    let z = c0.mul_add(r, c1);
+    let r2 = r * r;
+    let y = c2.mul_add(r, 1.0);
+    let y = z.mul_add(r2, y);
+    (y * s) as f32
+}
+
+#[test]
+fn glibc_expf_port_matches_glibc() {
+    let Some(g) = gpu() else { return };
+    let stream = g.stream();
+    let mut rng = Rng::new(14);
+    let mut batch: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        88.0,
+        88.72,
+        88.7228,
+        89.0,
+        -87.0,
+        -103.0,
+        -103.97,
+        -104.0,
+        -150.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        1e-30,
+        -1e-30,
+    ];
+    batch.extend((0..1_000_000).map(|_| rng.val(110.0)));
+    let (mut checked, mut port_bad, mut host_bad) = (0usize, 0usize, 0usize);
+    let (mut first_port, mut first_host) = (None, None);
+    while checked < 100_000_000 {
+        let got = weft_kernels::cuda::testing::glibc_expf(&g.kernels, &stream, &batch).unwrap();
+        for (x, y) in batch.iter().zip(&got) {
+            let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            let port = glibc_236_expf(*x);
+            if !same(port, *y) {
+                port_bad += 1;
+                first_port.get_or_insert((*x, *y, port));
+            }
+            if !same(x.exp(), port) {
+                host_bad += 1;
+                first_host.get_or_insert((*x, x.exp(), port));
+            }
+        }
+        checked += batch.len();
+        batch = (0..9_900_000)
+            .map(|i| {
+                if i % 2 == 0 {
+                    f32::from_bits(rng.next() as u32)
+                } else {
+                    -rng.unit() * 40.0
+                }
+            })
+            .collect();
+    }
+    println!("glibc expf: {checked} inputs; device vs glibc-2.36 port: {port_bad} differ (first {first_port:?})");
+    if host_bad > 0 {
+        println!(
+            "NOTE: this machine's libm expf differs from glibc 2.36's on {host_bad} inputs (first {first_host:?}): \
+             CPU-vs-CUDA comparisons of attention and softmax here inherit that difference"
+        );
+    } else {
+        println!("this machine's libm expf equals glibc 2.36's on every input checked");
+    }
+    assert_eq!(port_bad, 0, "expf port: first difference {first_port:?}");
+}
+
+#[test]
+fn v_expf_port_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let stream = g.stream();
+    let mut rng = Rng::new(15);
+    let mut xs: Vec<f32> = (0..4_000_000)
+        .map(|_| f32::from_bits(rng.next() as u32))
+        .collect();
+    xs.extend((0..4_000_000).map(|_| rng.val(120.0)));
+    xs.extend([
+        0.0,
+        -0.0,
+        192.0,
+        -192.0,
+        1e-40,
+        -87.5,
+        88.9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ]);
+    let got = weft_kernels::cuda::testing::v_expf(&g.kernels, &stream, &xs).unwrap();
+    let mut bad = 0;
+    for (x, y) in xs.iter().zip(&got) {
+        let want = weft_kernels::cpu::simd::v_expf(*x);
+        if want.to_bits() != y.to_bits() && !(want.is_nan() && y.is_nan()) {
+            bad += 1;
+            if bad < 5 {
+                eprintln!("v_expf({x:e}): gpu {y:e} cpu {want:e}");
+            }
+        }
+    }
+    assert_eq!(bad, 0, "{bad} v_expf mismatches");
+}
+
+#[test]
+fn captured_graph_replays_with_new_step_scalars() {
+    // Capture a decode step's kernels (set_rows into the cache, attention
+    // over the whole cache, rms_norm, a Q4_1 matvec) once, then replay it
+    // for several positions, changing only the step buffers; compare each
+    // replay with the CPU.
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(16);
+    let capacity = 1024usize;
+    let (heads, kvh, d) = (9, 3, 64);
+    let mut mem = HostMemory::default();
+    let q = mem
+        .f32_tensor(&[1, heads * d], &rng.vec(heads * d, 1.0))
+        .unwrap();
+    let knew = mem
+        .f32_tensor(&[1, kvh * d], &rng.vec(kvh * d, 1.0))
+        .unwrap();
+    let kc = mem.zeros(DType::F16, &[capacity, kvh * d]).unwrap();
+    let vc = mem.zeros(DType::F16, &[capacity, kvh * d]).unwrap();
+    mem.set_f32(&kc, &rng.vec(capacity * kvh * d, 1.0)).unwrap();
+    mem.set_f32(&vc, &rng.vec(capacity * kvh * d, 1.0)).unwrap();
+    let att = mem.zeros(DType::F32, &[1, heads * d]).unwrap();
+    let w = mem
+        .f32_tensor(&[heads * d], &rng.vec(heads * d, 1.0))
+        .unwrap();
+    let normed = mem.zeros(DType::F32, &[1, heads * d]).unwrap();
+    let wq = weights(&mut rng, &mut mem, DType::Q4_1, 576, heads * d);
+    let proj = mem.zeros(DType::F32, &[1, 576]).unwrap();
+    let make = |qp: u32, view_rows: usize| {
+        let p = AttentionParams {
+            heads,
+            kv_heads: kvh,
+            head_dim: d,
+            scale: 0.125,
+            q_position: qp,
+            window: None,
+            ring: None,
+            softcap: 0.0,
+            kv_capacity: capacity as u32,
+        };
+        vec![
+            node(
+                Op::SetRows {
+                    start: qp,
+                    ring: None,
+                },
+                vec![knew],
+                vec![kc],
+            ),
+            node(
+                Op::Attention(p),
+                vec![
+                    q,
+                    kc.rows_view(0, view_rows).unwrap(),
+                    vc.rows_view(0, view_rows).unwrap(),
+                ],
+                vec![att],
+            ),
+            node(Op::RmsNorm { eps: 1e-5 }, vec![att, w], vec![normed]),
+            node(Op::MatMul, vec![normed, wq], vec![proj]),
+        ]
+    };
+    let stream = g.stream();
+    let all = [q, knew, kc, vc, att, w, normed, wq, proj];
+    let dev = DevMem::upload(&stream, &mem, &all);
+    let captured = make(0, capacity);
+    let scratch: Vec<_> = captured
+        .iter()
+        .map(|n| device_u8(&stream, g.kernels.scratch_bytes(n)))
+        .collect();
+    let mut steps: Vec<_> = captured.iter().map(|_| device_u8(&stream, 16)).collect();
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    for (i, n) in captured.iter().enumerate() {
+        let ins: Vec<DeviceTensor> = n.inputs.iter().map(|t| dev.tensor(&stream, t)).collect();
+        let outs: Vec<DeviceTensor> = n.outputs.iter().map(|t| dev.tensor(&stream, t)).collect();
+        // SAFETY: all tensors are inside the uploaded buffers.
+        unsafe {
+            g.kernels
+                .launch(
+                    &stream,
+                    n,
+                    &ins,
+                    &outs,
+                    ptr_of(&stream, &scratch[i]),
+                    ptr_of(&stream, &steps[i]),
+                )
+                .unwrap();
+        }
+    }
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    let mut cpu_mem = mem.clone();
+    for qp in [0u32, 1, 2, 100, 255, 256, 257, 600] {
+        let nodes = make(qp, qp as usize + 1);
+        for (i, n) in nodes.iter().enumerate() {
+            let mut s = g.kernels.step_scalars(n);
+            s.resize(4, 0);
+            let bytes: &[u8] = bytemuck::cast_slice(&s);
+            stream.memcpy_htod(bytes, &mut steps[i]).unwrap();
+        }
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        for n in &nodes {
+            let outs = run_cpu(n, &cpu_mem);
+            cpu_mem.bytes_mut(&n.outputs[0]).copy_from_slice(&outs[0]);
+        }
+        for t in [kc, att, normed, proj] {
+            assert_same(
+                &format!("replay at {qp}: {t:?}"),
+                t.dtype,
+                &dev.read(&stream, &t),
+                cpu_mem.bytes(&t),
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_ops_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(17);
+    for act in [
+        DType::Q8_1,
+        DType::Q8_0,
+        DType::Q8_K,
+        DType::F16,
+        DType::BF16,
+    ] {
+        for (rows, cols) in [(1, 1536), (5, 768), (33, 512)] {
+            let mut mem = HostMemory::default();
+            let x = mem
+                .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+                .unwrap();
+            let u = mem
+                .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+                .unwrap();
+            let b = mem
+                .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+                .unwrap();
+            let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 1.0)).unwrap();
+            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+            let q = mem.zeros(act, &[rows, cols]).unwrap();
+            let what = |op: &str| format!("{op} -> {act} {rows}x{cols}");
+            let n = node(Op::RmsNormQuantize { eps: 1e-5 }, vec![x, w], vec![q]);
+            check_exact(g, &what("rms_norm_quantize"), &n, &mut mem);
+            let n = node(Op::SiluMulQuantize, vec![x, u], vec![q]);
+            check_exact(g, &what("silu_mul_quantize"), &n, &mut mem);
+            for bb in [b, b1] {
+                let n = node(
+                    Op::AddRmsNormQuantize { eps: 1e-5 },
+                    vec![x, bb, w],
+                    vec![x, q],
+                );
+                check_exact(g, &what("add_rms_norm_quantize (in place)"), &n, &mut mem);
+            }
+        }
+    }
+    for dst in [DType::F16, DType::F32, DType::BF16] {
+        for (start, ring) in [(5u32, None), (60, Some(16u32))] {
+            for mode in [RopeMode::Normal, RopeMode::Neox] {
+                let mut mem = HostMemory::default();
+                let (n, heads, d) = (3, 3, 64);
+                let x = mem
+                    .f32_tensor(&[n, heads * d], &rng.rows(n, heads * d))
+                    .unwrap();
+                let pos: Vec<i32> = (0..n as i32).map(|i| start as i32 + i).collect();
+                let pt = mem
+                    .tensor(DType::I32, &[n], bytemuck::cast_slice(&pos))
+                    .unwrap();
+                let cache = mem.zeros(dst, &[80, heads * d]).unwrap();
+                mem.set_f32(&cache, &rng.vec(80 * heads * d, 1.0)).unwrap();
+                let rope = RopeParams::plain(
+                    mode,
+                    d,
+                    if mode == RopeMode::Neox { 32 } else { 64 },
+                    100000.0,
+                );
+                let nd = node(
+                    Op::RopeSetRows { rope, start, ring },
+                    vec![x, pt],
+                    vec![cache],
+                );
+                check_exact(
+                    g,
+                    &format!("rope_set_rows {dst} {mode:?} start {start} ring {ring:?}"),
+                    &nd,
+                    &mut mem,
+                );
+                if g.is_none() {
+                    continue;
+                }
+                let other = node(
+                    Op::RopeSetRows {
+                        rope,
+                        start: start + 7,
+                        ring,
+                    },
+                    vec![x, pt],
+                    vec![cache],
+                );
+                let want = run_cpu(&other, &mem);
+                let got = run_gpu_with(g, &nd, &mem, Some(vec![start + 7]));
+                assert_same(
+                    &format!("rope_set_rows {dst} via step"),
+                    dst,
+                    &got[0],
+                    &want[0],
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs weft's CUDA kernel tests (bit-exactness against the CPU kernels) and
+# per-kernel timings on a machine with an NVIDIA GPU, from the executables
+# scripts/cuda/build-kernel-tests.sh left in .device/. Logs go to $OUT (the
+# device tool brings that folder back) or /tmp/weft-cuda.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+DIR=${WEFT_DEVICE_DIR:-.device}
+OUT=${OUT:-/tmp/weft-cuda}
+mkdir -p "$OUT"
+# NVRTC (and its builtins library) from the CUDA toolkit or a pip wheel.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(ls -d /usr/local/cuda-*/lib64 2>/dev/null) \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export WEFT_REQUIRE_CUDA=1 RUST_BACKTRACE=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  ldd --version | head -1
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d" 2>/dev/null | grep -i nvrtc | sed "s|^|$d/|"; done
+} 2>&1 | tee "$OUT/env.txt"
+status=0
+echo "== NVRTC compile check"
+timeout 120 "$DIR/kernels_lib" cuda::tests --test-threads=1 2>&1 | tail -5 | tee "$OUT/lib.log" || status=1
+echo "== CUDA vs CPU (one process per test: a fault in one cannot spoil the others)"
+: > "$OUT/tests.log"
+passed=0; failed=0
+for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "${WEFT_TEST_FILTER:-.}"); do
+  if timeout 240 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
+    passed=$((passed + 1)); echo "ok   $t"
+  else
+    failed=$((failed + 1)); status=1; echo "FAIL $t"
+  fi
+done
+grep -E "panicked|differ|mismatch|NOTE|glibc|rope past|softcap" "$OUT/tests.log" | cut -c1-300 | head -40
+echo "$passed passed, $failed failed"
+echo "== timings"
+timeout 300 "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/bench.log" 2>&1 || status=1
+grep -vE "^running|^$" "$OUT/bench.log" | tail -40
+exit $status
