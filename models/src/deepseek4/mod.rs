@@ -26,7 +26,7 @@ pub mod config;
 mod forward;
 pub mod reference;
 mod run;
-
+pub mod synthetic;
 pub mod weights;
 
 pub use cache::{CacheLayout, LayerSlots};

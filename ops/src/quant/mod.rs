@@ -29,7 +29,9 @@
 
 mod common;
 mod float;
+mod iq2_xxs;
 mod kquant_search;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -47,6 +49,8 @@ mod q8_k;
 mod tests;
 
 pub use common::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, nearest_int};
+pub use iq2_xxs::BlockIq2Xxs;
+pub use mxfp4::{e8m0_half, BlockMxfp4};
 pub use q2_k::BlockQ2K;
 pub use q3_k::BlockQ3K;
 pub use q4_0::BlockQ4_0;
@@ -110,6 +114,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), O
         DType::Q5_K => q5_k::dequantize(blocks(src), dst),
         DType::Q6_K => q6_k::dequantize(blocks(src), dst),
         DType::Q8_K => q8_k::dequantize(blocks(src), dst),
+        DType::IQ2_XXS => iq2_xxs::dequantize(blocks(src), dst),
+        DType::MXFP4 => mxfp4::dequantize(blocks(src), dst),
         other => return Err(unsupported("dequantize", other)),
     }
     Ok(())
@@ -156,6 +162,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), OpE
         DType::Q5_K => q5_k::quantize(src, blocks_mut(dst)),
         DType::Q6_K => q6_k::quantize(src, blocks_mut(dst)),
         DType::Q8_K => q8_k::quantize(src, blocks_mut(dst)),
+        DType::MXFP4 => mxfp4::quantize(src, blocks_mut(dst)),
         other => return Err(unsupported("quantize", other)),
     }
     Ok(())
@@ -219,6 +226,8 @@ pub fn vec_dot_reference(
         DType::Q4_K => q4_k::dot(blocks(w_row), blocks(act_row)),
         DType::Q5_K => q5_k::dot(blocks(w_row), blocks(act_row)),
         DType::Q6_K => q6_k::dot(blocks(w_row), blocks(act_row)),
+        DType::IQ2_XXS => iq2_xxs::dot(blocks(w_row), blocks(act_row)),
+        DType::MXFP4 => mxfp4::dot(blocks(w_row), blocks(act_row)),
         other => return Err(unsupported("vec_dot", other)),
     })
 }
