@@ -26,7 +26,12 @@ pub struct RunArgs {
     #[command(flatten)]
     diag: DiagArgs,
     /// The prompt, as raw text (no chat template; BOS only if the model asks for it).
-    #[arg(long, short = 'p', required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
+    #[arg(
+        long,
+        short = 'p',
+        required_unless_present = "prompt_ids",
+        conflicts_with = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// The prompt as token ids, comma-separated (`--prompt-ids 1,2,3`; any model).
     #[arg(long, value_delimiter = ',')]
@@ -69,7 +74,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         (None, None) => bail!("give the prompt as --prompt TEXT or --prompt-ids 1,2,3"),
     };
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= model.vocab()) {
-        bail!("--prompt-ids: token id {bad} is outside the vocabulary of {}", model.vocab());
+        bail!(
+            "--prompt-ids: token id {bad} is outside the vocabulary of {}",
+            model.vocab()
+        );
     }
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization; give some text");
@@ -102,7 +110,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             .map_err(|e| weft::models::ModelError::Input(e.to_string()))
     };
     // `--format json` reports the argmax at every prompt position.
-    let rows = if a.format == Format::Json { LogitRows::All } else { LogitRows::Last };
+    let rows = if a.format == Format::Json {
+        LogitRows::All
+    } else {
+        LogitRows::Last
+    };
     let mut logits = model
         .prefill_with(&mut exec, &mut cache, &prompt, &policy, rows, &mut after)
         .context("prefill failed")?;
