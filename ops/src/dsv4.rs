@@ -103,16 +103,18 @@ pub struct HcMixParams {
     pub eps: f32,
 }
 
-/// The KV compressor's pooling of one step: rows `first_row..first_row +
-/// rows` of a compressed cache, each pooling `ratio` tokens (and the
-/// previous window's `ratio` tokens when `overlap`).
+/// The KV compressor of one step: rows `first_row..first_row + rows` of a
+/// compressed cache, each pooling `ratio` tokens (and the previous
+/// window's `ratio` tokens when `overlap`), then RMS-normalised and rotated
+/// at the window's first position `w * ratio`.
 ///
 /// Inputs: `kv f32 [ring, width]` and `gate f32 [ring, width]` (per-token
 /// values and gate logits, position `p` in slot `p % ring`), `ape f32
-/// [ratio, width]`. `width` is `dc` (or `2 dc` with overlap, first half for
-/// the previous window, second half for the own window). Output `f32
-/// [rows, dc]`: the softmax-pooled values (normalisation and RoPE follow as
-/// ops of their own).
+/// [ratio, width]`, `norm f32 [dc]`. `width` is `dc` (or `2 dc` with
+/// overlap, first half for the previous window, second half for the own
+/// window). Output `f32 [rows, dc]` (usually the rows of the cache's row
+/// table): per channel `e`, `softmax_j(gate_j[e] + ape[j][e])`-weighted
+/// values, then `rope(rms(pooled; norm), w * ratio)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CompressParams {
     /// Tokens per window `c`.
@@ -123,6 +125,10 @@ pub struct CompressParams {
     pub first_row: u32,
     /// Slots of the `kv`/`gate` rings (position `p` lives in `p % ring`).
     pub ring: u32,
+    /// Epsilon of the row norm.
+    pub eps: f32,
+    /// The rotary embedding of the rows (`head_dim = dc`).
+    pub rope: TailRopeParams,
 }
 
 /// The lightning indexer's selection for a block of queries.

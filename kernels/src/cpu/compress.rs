@@ -6,25 +6,29 @@ use std::cell::RefCell;
 use weft_ops::dsv4::{CompressParams, IndexerParams};
 use weft_ops::OpError;
 
-/// Output rows `rows` of the pooled compressor rows.
+/// Output rows `rows`: pooled, RMS-normalised, rotated at `w * ratio`.
 ///
 /// # Safety
 /// See [`super::run_item`].
 pub(super) unsafe fn compress(
-    kv: &HostTensor,
-    gate: &HostTensor,
-    ape: &HostTensor,
+    ins: &[HostTensor],
     out: &HostTensor,
     p: &CompressParams,
     rows: std::ops::Range<usize>,
 ) -> Result<(), OpError> {
+    let (kv, gate, ape, norm) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (width, dc) = (kv.tensor.cols(), out.tensor.cols());
-    let (kvv, gv, av) = (kv.f32s(), gate.f32s(), ape.f32s());
+    let (kvv, gv, av, nv) = (kv.f32s(), gate.f32s(), ape.f32s(), norm.f32s());
     let o = out.f32_rows_mut(rows.start, rows.len());
+    let freqs = p.rope.inv_freq();
+    let nope = dc - p.rope.n_dims;
+    let mut angles = Vec::with_capacity(freqs.len());
     let mut logits: Vec<f32> = Vec::with_capacity(2 * p.ratio as usize);
     for (i, r) in rows.enumerate() {
-        let slots = weft_ops::reference::compress_slots(p, p.first_row + r as u32, dc);
-        for e in 0..dc {
+        let w = p.first_row + r as u32;
+        let slots = weft_ops::reference::compress_slots(p, w, dc);
+        let row = &mut o[i * dc..(i + 1) * dc];
+        for (e, dst) in row.iter_mut().enumerate() {
             logits.clear();
             let mut mx = f32::NEG_INFINITY;
             for &(pos, half, j) in &slots {
@@ -36,11 +40,23 @@ pub(super) unsafe fn compress(
             let (mut num, mut den) = (0f32, 0f32);
             for (l, &(pos, half, _)) in logits.iter().zip(&slots) {
                 let s = (pos % p.ring) as usize;
-                let w = (l - mx).exp();
-                num += w * kvv[s * width + half + e];
-                den += w;
+                let wt = (l - mx).exp();
+                num += wt * kvv[s * width + half + e];
+                den += wt;
             }
-            o[i * dc + e] = num / den;
+            *dst = num / den;
+        }
+        let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / dc as f64;
+        let scale = (1.0 / (ms + p.eps as f64).sqrt()) as f32;
+        row.iter_mut()
+            .zip(nv)
+            .for_each(|(v, g)| *v = *v * scale * g);
+        p.rope.angles(&freqs, (w * p.ratio) as i32, &mut angles);
+        for (k, &(c, s)) in angles.iter().enumerate() {
+            let j = nope + 2 * k;
+            let (a, b) = (row[j], row[j + 1]);
+            row[j] = a * c - b * s;
+            row[j + 1] = a * s + b * c;
         }
     }
     Ok(())

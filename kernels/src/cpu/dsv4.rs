@@ -45,7 +45,7 @@ pub(super) unsafe fn run_item(
         Op::HcMix(p) => hyper::hc_mix(&ins[0], &ins[1], &ins[2], out, p, units),
         Op::HcCollapse { hc } => hyper::hc_collapse(&ins[0], &ins[1], out, *hc, units),
         Op::HcExpand { hc } => hyper::hc_expand(&ins[0], &ins[1], &ins[2], out, *hc, units),
-        Op::Compress(p) => compress::compress(&ins[0], &ins[1], &ins[2], out, p, units),
+        Op::Compress(p) => compress::compress(ins, out, p, units),
         Op::IndexerTopK(p) => compress::indexer_topk(&ins[0], &ins[1], &ins[2], out, p, units),
         Op::SinkAttention(p) => sink_attention::sink_attention(ins, out, p, units),
         Op::MatMulId => moe::matmul_id(&ins[0], &ins[1], &ins[2], out, units),

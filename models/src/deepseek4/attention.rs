@@ -298,22 +298,19 @@ impl DeepSeek4 {
             overlap: ratio == 4,
             first_row: first,
             ring: state.k.rows() as u32,
+            eps: c.rms_eps,
+            rope: c.rope(l, dc, false),
         };
-        let count = (end - first) as usize;
-        let pooled = s.compress(
+        let rows = table.rows_view(first as usize, (end - first) as usize)?;
+        s.compress_into(
             state.k,
             state.v,
             w.ape,
+            w.norm,
             params,
-            count,
+            rows,
             format!("{label}.pool"),
         )?;
-        let normed = s.rms_norm(pooled, w.norm, c.rms_eps, format!("{label}.norm"))?;
-        let positions: Vec<i32> = (first..end).map(|r| (r * ratio) as i32).collect();
-        let positions = s.upload_i32(&positions, format!("{label}.positions"))?;
-        let rope = c.rope(l, dc, false);
-        let row = s.tail_rope(normed, positions, rope, format!("{label}.rope"))?;
-        s.set_rows(row, table, first, None, format!("{label}.rows"))?;
         Ok(())
     }
 }

@@ -89,24 +89,20 @@ pub trait Dsv4Builder: Builder {
         )
     }
 
-    /// `rows` pooled compressor rows (width `dc`) from the `kv`/`gate` rings.
-    fn compress(
+    /// Pools, normalises and rotates `out.rows()` compressor rows from the
+    /// `kv`/`gate` rings into `out` (the rows of a row table).
+    #[allow(clippy::too_many_arguments)]
+    fn compress_into(
         &mut self,
         kv: Tensor,
         gate: Tensor,
         ape: Tensor,
+        norm: Tensor,
         p: CompressParams,
-        rows: usize,
+        out: Tensor,
         label: impl Into<Label>,
-    ) -> Result<Tensor, OpError> {
-        let dc = if p.overlap { kv.cols() / 2 } else { kv.cols() };
-        self.push_new(
-            Op::Compress(p),
-            vec![kv, gate, ape],
-            DType::F32,
-            &[rows, dc],
-            label,
-        )
+    ) -> Result<(), OpError> {
+        self.push(Op::Compress(p), vec![kv, gate, ape, norm], vec![out], label)
     }
 
     /// The indexer's top-k rows per query (`i32 [n, top_k]`).

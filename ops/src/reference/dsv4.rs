@@ -19,7 +19,7 @@ pub(super) fn run(node: &OpNode, mem: &HostMemory) -> Result<Vec<u8>, OpError> {
         Op::HcMix(p) => hc_mix(mem, &ins[0], &ins[1], &ins[2], p),
         Op::HcCollapse { hc } => hc_collapse(mem, &ins[0], &ins[1], *hc),
         Op::HcExpand { hc } => hc_expand(mem, &ins[0], &ins[1], &ins[2], *hc),
-        Op::Compress(p) => compress(mem, &ins[0], &ins[1], &ins[2], out, p),
+        Op::Compress(p) => compress(mem, &ins[0], &ins[1], &ins[2], &ins[3], out, p),
         Op::IndexerTopK(p) => indexer_topk(mem, &ins[0], &ins[1], &ins[2], p),
         Op::SinkAttention(p) => sink_attention(mem, ins, p),
         Op::MatMulId => matmul_id(mem, &ins[0], &ins[1], &ins[2]),
@@ -205,15 +205,22 @@ fn compress(
     kv: &Tensor,
     gate: &Tensor,
     ape: &Tensor,
+    norm: &Tensor,
     out: &Tensor,
     p: &CompressParams,
 ) -> Result<Vec<u8>, OpError> {
     let (kvv, gv, av) = (mem.to_f32(kv)?, mem.to_f32(gate)?, mem.to_f32(ape)?);
+    let nv = mem.to_f32(norm)?;
     let (width, dc) = (kv.cols(), out.cols());
+    let freqs = p.rope.inv_freq();
+    let nope = dc - p.rope.n_dims;
+    let mut angles = Vec::new();
     let mut res = Vec::with_capacity(out.rows() * dc);
     for r in 0..out.rows() as u32 {
-        let slots = compress_slots(p, p.first_row + r, dc);
-        for e in 0..dc {
+        let w = p.first_row + r;
+        let slots = compress_slots(p, w, dc);
+        let mut pooled = vec![0f64; dc];
+        for (e, pooled_e) in pooled.iter_mut().enumerate() {
             let logits: Vec<f64> = slots
                 .iter()
                 .map(|&(pos, half, j)| {
@@ -229,8 +236,23 @@ fn compress(
                 num += e_l * kvv[s * width + half + e] as f64;
                 den += e_l;
             }
-            res.push((num / den) as f32);
+            *pooled_e = num / den;
         }
+        let ms = pooled.iter().map(|v| v * v).sum::<f64>() / dc as f64;
+        let scale = 1.0 / (ms + p.eps as f64).sqrt();
+        let mut row: Vec<f64> = pooled
+            .iter()
+            .zip(&nv)
+            .map(|(v, g)| v * scale * *g as f64)
+            .collect();
+        p.rope.angles(&freqs, (w * p.ratio) as i32, &mut angles);
+        for (i, &(c, s)) in angles.iter().enumerate() {
+            let j = nope + 2 * i;
+            let (a, b) = (row[j], row[j + 1]);
+            row[j] = a * c as f64 - b * s as f64;
+            row[j + 1] = a * s as f64 + b * c as f64;
+        }
+        res.extend(row.iter().map(|&v| v as f32));
     }
     Ok(f32_bytes(res))
 }
@@ -557,6 +579,14 @@ mod tests {
             overlap: true,
             first_row: 0,
             ring: 16,
+            eps: 1e-6,
+            rope: TailRopeParams {
+                head_dim: 8,
+                n_dims: 4,
+                base: 10000.0,
+                yarn: None,
+                inverse: false,
+            },
         };
         let slots = compress_slots(&p, 0, 8);
         assert_eq!(slots, vec![(0, 8, 0), (1, 8, 1), (2, 8, 2), (3, 8, 3)]);

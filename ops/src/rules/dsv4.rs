@@ -103,8 +103,8 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             }
         }
         Op::Compress(p) => {
-            arity(&[3], 1)?;
-            all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            arity(&[4], 1)?;
+            all_f32(name, &[&ins[0], &ins[1], &ins[2], &ins[3], &outs[0]])?;
             let (kv, gate, ape, out) = (&ins[0], &ins[1], &ins[2], &outs[0]);
             same_shape(name, kv, gate)?;
             let width = kv.cols();
@@ -115,6 +115,10 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
                 || ape.cols() != width
                 || ape.rows() != p.ratio as usize
                 || kv.rows() != p.ring as usize
+                || elems(&ins[3]) != dc
+                || p.rope.head_dim != dc
+                || p.rope.n_dims > dc
+                || p.rope.n_dims % 2 != 0
             {
                 return bad(format!(
                     "ratio {} (overlap {}) over rings {:?} with ape {:?} into {:?} (ring {})",
