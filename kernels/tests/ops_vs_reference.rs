@@ -419,7 +419,7 @@ fn dsv4_hyper_connections_match_reference() {
 
 #[test]
 fn dsv4_compress_matches_reference() {
-    use weft_ops::dsv4::CompressParams;
+    use weft_ops::dsv4::{CompressParams, TailRopeParams, YarnScaling};
     let mut rng = Rng(13);
     // (ratio, overlap, dc, ring, first_row, rows): the first row with
     // overlap (no previous window), a ring that wraps, plain pooling.
@@ -444,16 +444,30 @@ fn dsv4_compress_matches_reference() {
                 &rng.vec(ratio as usize * width, 1.0),
             )
             .unwrap();
+        let norm = mem.f32_tensor(&[dc], &rng.vec(dc, 1.0)).unwrap();
         let out = mem.zeros(DType::F32, &[rows, dc]).unwrap();
         let p = CompressParams {
             ratio,
             overlap,
             first_row,
             ring,
+            eps: 1e-6,
+            rope: TailRopeParams {
+                head_dim: dc,
+                n_dims: 16,
+                base: 160000.0,
+                yarn: Some(YarnScaling {
+                    factor: 16.0,
+                    orig_ctx: 65536,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+                inverse: false,
+            },
         };
-        // f32 softmax over at most 2c slots against f64.
+        // f32 softmax over at most 2c slots, norm and rotation against f64.
         compare(
-            &node(Op::Compress(p), vec![kv, gate, ape], vec![out]),
+            &node(Op::Compress(p), vec![kv, gate, ape, norm], vec![out]),
             &mem,
             1e-5,
             1e-2,
