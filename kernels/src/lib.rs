@@ -7,3 +7,5 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(all(feature = "metal", target_os = "macos"))]
+pub mod metal;

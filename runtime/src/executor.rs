@@ -25,6 +25,8 @@ pub enum Device {
     Cpu,
     /// An NVIDIA GPU by ordinal (needs the `cuda` feature and a driver).
     Cuda(usize),
+    /// The Mac's GPU through Metal (needs macOS and the `metal` feature).
+    Metal,
 }
 
 impl std::fmt::Display for Device {
@@ -32,6 +34,7 @@ impl std::fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Metal => f.write_str("metal"),
         }
     }
 }
@@ -45,6 +48,12 @@ impl Device {
             Device::Cuda(_) => crate::cuda::unavailable_reason(),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Some("weft was built without the `cuda` feature".into()),
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            Device::Metal => crate::metal::unavailable_reason(),
+            #[cfg(all(feature = "metal", not(target_os = "macos")))]
+            Device::Metal => Some("Metal runs only on macOS".into()),
+            #[cfg(not(feature = "metal"))]
+            Device::Metal => Some("weft was built without the `metal` feature".into()),
         }
     }
 }
@@ -69,6 +78,9 @@ pub struct GraphExecutor {
     /// The CUDA device, when the executor runs on one.
     #[cfg(feature = "cuda")]
     pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
+    /// The Metal device, when the executor runs on one.
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    pub(crate) metal: Option<Arc<crate::metal::MetalBackend>>,
     /// Tensors copied out by `GraphSession::tap` while taps are on.
     pub(crate) taps: Option<Vec<(String, Tensor)>>,
     /// Collected events while tracing.
@@ -95,7 +107,12 @@ impl GraphExecutor {
         #[cfg(feature = "cuda")]
         let cuda = match device {
             Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i)?)),
-            Device::Cpu => None,
+            Device::Cpu | Device::Metal => None,
+        };
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        let metal = match device {
+            Device::Metal => Some(Arc::new(crate::metal::MetalBackend::new()?)),
+            _ => None,
         };
         let counters = Arc::new(LiveCounters::default());
         let pool = ThreadPool::new(config.threads, Arc::clone(&counters))?;
@@ -111,6 +128,8 @@ impl GraphExecutor {
             fault_seen: 0,
             #[cfg(feature = "cuda")]
             cuda,
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            metal,
             taps: None,
             trace: None,
         })
@@ -145,6 +164,11 @@ impl GraphExecutor {
             let storage = Storage::device(cuda.alloc(len)?);
             return Ok(self.insert(storage, name));
         }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = &self.metal {
+            let storage = Storage::metal_storage(metal.alloc(len, name)?);
+            return Ok(self.insert(storage, name));
+        }
         let storage = Storage::owned(len, name)?;
         Ok(self.insert(storage, name))
     }
@@ -174,6 +198,11 @@ impl GraphExecutor {
             let buffer = cuda.alloc(host.len())?;
             cuda.upload(buffer.ptr, host)?;
             return Ok(self.insert(Storage::device(buffer), name));
+        }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = &self.metal {
+            let storage = metal.upload(bytes.host_bytes(), name)?;
+            return Ok(self.insert(Storage::metal_storage(storage), name));
         }
         Ok(self.insert(Storage::borrowed(bytes), name))
     }
@@ -238,6 +267,10 @@ impl GraphExecutor {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = &self.cuda {
             let _ = cuda.synchronize();
+        }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = &self.metal {
+            metal.synchronize();
         }
     }
 
@@ -307,6 +340,11 @@ impl GraphExecutor {
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(t.offset as usize), data.len())
         };
+        // Metal: an f32 image of activations in these bytes is stale now.
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(m) = e.storage.metal() {
+            m.invalidate(t.offset, t.offset + t.bytes());
+        }
         Ok(())
     }
 
@@ -332,6 +370,10 @@ impl GraphExecutor {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = &self.cuda {
             return cuda.name();
+        }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = &self.metal {
+            return metal.name();
         }
         self.device.to_string()
     }

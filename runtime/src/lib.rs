@@ -19,6 +19,8 @@ mod error;
 mod executor;
 mod fusion;
 mod memory;
+#[cfg(all(feature = "metal", target_os = "macos"))]
+mod metal;
 mod pool;
 mod profile;
 mod session;

@@ -34,6 +34,10 @@ enum Backing {
     /// Device memory (CUDA); the host never dereferences it.
     #[cfg(feature = "cuda")]
     Device(crate::cuda::DeviceBuffer),
+    /// Metal shared memory (the host reads and writes it in place once
+    /// in-flight work has completed).
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    Metal(crate::metal::MetalStorage),
 }
 
 /// The memory of one buffer.
@@ -86,6 +90,25 @@ impl Storage {
         }
     }
 
+    /// Metal shared memory.
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    pub(crate) fn metal_storage(storage: crate::metal::MetalStorage) -> Storage {
+        let len = storage.len;
+        Storage {
+            backing: Backing::Metal(storage),
+            len,
+        }
+    }
+
+    /// The Metal buffer behind Metal storage.
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    pub(crate) fn metal(&self) -> Option<&crate::metal::MetalStorage> {
+        match &self.backing {
+            Backing::Metal(m) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Device address, for device storage.
     #[cfg(feature = "cuda")]
     pub(crate) fn device_ptr(&self) -> Option<u64> {
@@ -111,6 +134,8 @@ impl Storage {
             Backing::Borrowed(b) => Some(b.host_bytes().as_ptr() as *mut u8),
             #[cfg(feature = "cuda")]
             Backing::Device(_) => None,
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            Backing::Metal(m) => Some(m.host_ptr()),
         }
     }
 

@@ -196,6 +196,10 @@ impl<'e> GraphSession<'e> {
             }
             return Ok(cuda.kernels.supports(node)?);
         }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = &self.exec.metal {
+            return Ok(metal.kernels.supports(node)?);
+        }
         Ok(cpu::supports(node)?)
     }
 
@@ -328,6 +332,10 @@ impl<'e> GraphSession<'e> {
             if let Some(cuda) = &exec.cuda {
                 return cuda.kernels.supports(n).is_ok();
             }
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            if let Some(metal) = &exec.metal {
+                return metal.kernels.supports(n).is_ok();
+            }
             let _ = exec;
             cpu::supports(n).is_ok()
         };
@@ -358,6 +366,10 @@ impl<'e> GraphSession<'e> {
         if let Some(cuda) = self.exec.cuda.clone() {
             return self.submit_cuda(&cuda, s, &mut payloads);
         }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Some(metal) = self.exec.metal.clone() {
+            return self.submit_metal(&metal, s, &mut payloads);
+        }
         let failed = Arc::new(AtomicBool::new(false));
         let mut jobs = Vec::with_capacity(s.command_buffers.len());
         for cb in &s.command_buffers {
@@ -378,6 +390,8 @@ impl<'e> GraphSession<'e> {
                 jobs,
                 #[cfg(feature = "cuda")]
                 cuda: Vec::new(),
+                #[cfg(all(feature = "metal", target_os = "macos"))]
+                metal: Vec::new(),
                 counters,
                 trace,
             },
@@ -410,6 +424,50 @@ impl<'e> GraphSession<'e> {
         let inflight = InFlight {
             jobs: Vec::new(),
             cuda: works,
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            metal: Vec::new(),
+            counters,
+            trace: None,
+        };
+        Ok((inflight, s))
+    }
+
+    /// The Metal path of `submit`: each command buffer becomes one Metal
+    /// command buffer (one concurrent compute encoder, a memory barrier
+    /// between levels), committed without waiting.
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    fn submit_metal(
+        mut self,
+        metal: &Arc<crate::metal::MetalBackend>,
+        s: Schedule,
+        payloads: &mut [Option<OpNode>],
+    ) -> Result<(InFlight, Schedule), RuntimeError> {
+        use crate::counters::LiveCounters;
+        let mut works = Vec::with_capacity(s.command_buffers.len());
+        for cb in &s.command_buffers {
+            let faults: Vec<bool> = cb
+                .order
+                .iter()
+                .map(|&i| {
+                    let label = self.nodes[i].label.to_string();
+                    self.take_fault(&label)
+                })
+                .collect();
+            let prepared = crate::metal::prepare(self.exec, &self.nodes, cb, payloads, &faults)?;
+            let (work, barriers) = metal.submit(prepared);
+            works.push(work);
+            LiveCounters::add(&self.exec.counters.dispatches, cb.order.len() as u64);
+            LiveCounters::add(&self.exec.counters.barriers, barriers);
+        }
+        let counters = Arc::clone(&self.exec.counters);
+        LiveCounters::add(&counters.commits, 1);
+        LiveCounters::add(&counters.command_buffers, works.len() as u64);
+        self.end_scopes();
+        let inflight = InFlight {
+            jobs: Vec::new(),
+            #[cfg(feature = "cuda")]
+            cuda: Vec::new(),
+            metal: works,
             counters,
             trace: None,
         };

@@ -18,6 +18,9 @@ pub struct InFlight {
     /// Device work (CUDA executors).
     #[cfg(feature = "cuda")]
     pub(crate) cuda: Vec<Arc<crate::cuda::CudaWork>>,
+    /// Device work (Metal executors).
+    #[cfg(all(feature = "metal", target_os = "macos"))]
+    pub(crate) metal: Vec<Arc<crate::metal::MetalWork>>,
     pub(crate) counters: Arc<LiveCounters>,
     /// Where to note the drain when tracing.
     pub(crate) trace: Option<(HostSink, Instant)>,
@@ -50,6 +53,12 @@ impl InFlight {
                 first.get_or_insert(e);
             }
         }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        for work in &self.metal {
+            if let Err(e) = work.wait() {
+                first.get_or_insert(e);
+            }
+        }
         first.map_or(Ok(()), Err)
     }
 
@@ -59,15 +68,21 @@ impl InFlight {
         if !self.cuda.iter().all(|w| w.is_done()) {
             return false;
         }
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if !self.metal.iter().all(|w| w.is_done()) {
+            return false;
+        }
         self.jobs.iter().all(|j| j.is_done())
     }
 
     /// Number of command buffers in this commit.
     pub fn command_buffers(&self) -> usize {
+        let device = 0;
         #[cfg(feature = "cuda")]
-        return self.jobs.len() + self.cuda.len();
-        #[cfg(not(feature = "cuda"))]
-        self.jobs.len()
+        let device = device + self.cuda.len();
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        let device = device + self.metal.len();
+        self.jobs.len() + device
     }
 }
 

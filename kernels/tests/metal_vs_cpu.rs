@@ -1,0 +1,613 @@
+//! The Metal backend against the reference semantics (what every CPU
+//! kernel is checked against too): every op weft's models use, on fresh
+//! random inputs, through the same encode path the runtime uses (arena,
+//! status words, matmul prologues, quantization companions), with the
+//! tolerance stated per case.
+//!
+//! Runs on macOS with `--features metal` (see `scripts/test-metal.sh`);
+//! elsewhere one test says it was skipped. Without a Metal device the tests
+//! skip with a message, unless `WEFT_REQUIRE_METAL=1`.
+
+#[cfg(not(all(feature = "metal", target_os = "macos")))]
+#[test]
+fn metal_tests_need_macos_and_the_metal_feature() {
+    eprintln!(
+        "skipping: the Metal tests run on macOS with `--features metal` (scripts/test-metal.sh)"
+    );
+}
+
+#[cfg(all(feature = "metal", target_os = "macos"))]
+mod metal {
+    use std::collections::BTreeMap;
+    use weft_kernels::metal::mlx_native::{CommandEncoder, MlxBuffer, MlxDevice};
+    use weft_kernels::metal::{
+        read_u32s, route, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux, Route,
+    };
+    use weft_ops::reference::{self, HostMemory};
+    use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
+
+    /// Deterministic random numbers (SplitMix64) so failures reproduce.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        /// Uniform in [-1, 1), never exactly zero.
+        fn f32(&mut self) -> f32 {
+            let v = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            if v == 0.0 {
+                0.5
+            } else {
+                v
+            }
+        }
+        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+            (0..n).map(|_| self.f32() * scale).collect()
+        }
+    }
+
+    /// The device and its kernels, or `None` (with a message) without one.
+    fn gpu() -> Option<(MlxDevice, MetalKernels)> {
+        match MlxDevice::new() {
+            Ok(device) => {
+                let kernels = MetalKernels::new(device.clone());
+                kernels.prepare().expect("weft's Metal shaders compile");
+                Some((device, kernels))
+            }
+            Err(e) if std::env::var_os("WEFT_REQUIRE_METAL").is_none() => {
+                eprintln!(
+                    "skipping: no Metal device ({e}); set WEFT_REQUIRE_METAL=1 to fail instead"
+                );
+                None
+            }
+            Err(e) => panic!("a Metal device is required: {e}"),
+        }
+    }
+
+    /// What a Metal run gives back besides memory.
+    struct Run {
+        mem: HostMemory,
+        status: u32,
+        /// The f32 image a `QuantizeRows` wrote (its companion).
+        image: Option<Vec<f32>>,
+    }
+
+    fn upload(device: &MlxDevice, bytes: &[u8]) -> MlxBuffer {
+        let len = bytes.len().max(1);
+        let buf = device
+            .alloc_buffer(len, MlxDType::U8, vec![len])
+            .expect("alloc");
+        // SAFETY: a fresh shared buffer of at least `bytes.len()` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                buf.contents_ptr() as *mut u8,
+                bytes.len(),
+            )
+        };
+        buf
+    }
+
+    fn read(buf: &MlxBuffer, n: usize) -> Vec<u8> {
+        let mut out = vec![0u8; n];
+        // SAFETY: the command buffer has completed; `buf` holds `n` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (buf.contents_ptr() as *const u8).add(buf.byte_offset() as usize),
+                out.as_mut_ptr(),
+                n,
+            )
+        };
+        out
+    }
+
+    /// Encodes `node` as the runtime does (prologue and barrier for a
+    /// matmul on quantized activations, a companion for `QuantizeRows`),
+    /// commits, waits and reads the outputs back into a copy of `mem`.
+    fn run_metal(gpu: &(MlxDevice, MetalKernels), node: &OpNode, mem: &HostMemory) -> Run {
+        let (device, kernels) = gpu;
+        let mut buffers = BTreeMap::new();
+        for t in node.inputs.iter().chain(&node.outputs) {
+            buffers
+                .entry(t.buffer)
+                .or_insert_with(|| upload(device, mem.buffer(t.buffer)));
+        }
+        let resolve = |t: &Tensor| MetalTensor {
+            buffer: buffers[&t.buffer].clone(),
+            tensor: *t,
+        };
+        let ins: Vec<MetalTensor> = node.inputs.iter().map(resolve).collect();
+        let outs: Vec<MetalTensor> = node.outputs.iter().map(resolve).collect();
+        let mut enc: CommandEncoder = device.command_encoder().expect("encoder");
+        let mut arena = Arena::new(device.clone());
+        let status = arena.zeroed(4, MlxDType::U32).expect("status");
+        let mut aux = NodeAux {
+            status: Some((status.clone(), 0)),
+            ..NodeAux::default()
+        };
+        if MetalKernels::needs_f32_activations(node) {
+            let image = kernels
+                .encode_prologue(&mut enc, &mut arena, node, &ins[0])
+                .expect("prologue");
+            aux.x_f32 = Some(image);
+            enc.memory_barrier();
+        }
+        if matches!(node.op, Op::QuantizeRows) {
+            let n = node.outputs[0].shape.elements();
+            aux.companion_out = Some(arena.scratch(4 * n, MlxDType::F32).expect("image"));
+        }
+        kernels
+            .encode(&mut enc, &mut arena, node, &ins, &outs, &aux)
+            .unwrap_or_else(|e| panic!("encode {}: {e}", node.op.name()));
+        enc.commit_and_wait().expect("command buffer");
+        let mut out = mem.clone();
+        for t in &node.outputs {
+            let bytes = read(&buffers[&t.buffer], (t.offset + t.bytes()) as usize);
+            out.bytes_mut(t)
+                .copy_from_slice(&bytes[t.offset as usize..]);
+        }
+        let image = aux.companion_out.as_ref().map(|b| {
+            let n = node.outputs[0].shape.elements();
+            bytemuck::pod_collect_to_vec(&read(b, 4 * n))
+        });
+        // SAFETY: the command buffer completed; the view holds one word.
+        let status = unsafe { read_u32s(&status, 1) }[0];
+        Run {
+            mem: out,
+            status,
+            image,
+        }
+    }
+
+    fn run_ref(node: &OpNode, mem: &HostMemory) -> HostMemory {
+        let mut out = mem.clone();
+        reference::run(node, &mut out).expect("reference");
+        out
+    }
+
+    fn node(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> OpNode {
+        let n = OpNode::new(op, inputs, outputs);
+        n.validate().expect("valid node");
+        n
+    }
+
+    /// Largest |a - b| / (|b| + floor) over the output, at most `tol`.
+    fn compare(
+        gpu: &(MlxDevice, MetalKernels),
+        node: &OpNode,
+        mem: &HostMemory,
+        tol: f32,
+        floor: f32,
+        what: &str,
+    ) {
+        let kernel = route(node).expect("route");
+        let got = run_metal(gpu, node, mem);
+        assert_eq!(got.status, 0, "{what} ({kernel}): status word");
+        let want = run_ref(node, mem);
+        let out = node.outputs[0];
+        let (g, w) = (got.mem.to_f32(&out).unwrap(), want.to_f32(&out).unwrap());
+        let mut worst = 0f32;
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            let e = (a - b).abs() / (b.abs() + floor);
+            assert!(
+                e.is_finite(),
+                "{what} ({kernel}): non-finite {a} vs {b} at {i}"
+            );
+            worst = worst.max(e);
+        }
+        eprintln!("{what} on {kernel}: worst relative error {worst:.2e}");
+        assert!(
+            worst <= tol,
+            "{what} ({kernel}): worst relative error {worst} > {tol}"
+        );
+    }
+
+    /// A tensor of `dtype` holding random values (quantized for block types).
+    fn values(mem: &mut HostMemory, rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
+        let k = dims[dims.len() - 1];
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let v = rng.vec(rows * k, 1.0);
+        let row_bytes = dtype.row_bytes(k).expect("whole blocks");
+        let mut bytes = vec![0u8; rows * row_bytes];
+        for (src, dst) in v.chunks(k).zip(bytes.chunks_mut(row_bytes)) {
+            match dtype {
+                DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
+                _ => weft_ops::quant::quantize_row(dtype, src, dst).expect("quantize"),
+            }
+        }
+        mem.tensor(dtype, dims, &bytes).expect("tensor")
+    }
+
+    #[test]
+    fn elementwise_norms_and_softmax_match_reference() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(1);
+        let mut mem = HostMemory::default();
+        for (rows, cols) in [(1, 576), (7, 64), (3, 1001)] {
+            let a = mem
+                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
+                .unwrap();
+            let b = mem
+                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
+                .unwrap();
+            let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 3.0)).unwrap();
+            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
+            let bias = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
+            let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+            let g = &gpu;
+            compare(
+                g,
+                &node(Op::Add, vec![a, b], vec![o]),
+                &mem,
+                1e-6,
+                1e-6,
+                "add",
+            );
+            compare(
+                g,
+                &node(Op::Add, vec![a, b1], vec![o]),
+                &mem,
+                1e-6,
+                1e-6,
+                "add row",
+            );
+            compare(
+                g,
+                &node(Op::Mul, vec![a, b], vec![o]),
+                &mem,
+                1e-6,
+                1e-6,
+                "mul",
+            );
+            compare(
+                g,
+                &node(Op::Mul, vec![a, b1], vec![o]),
+                &mem,
+                1e-6,
+                1e-6,
+                "mul row",
+            );
+            let scale = Op::Scale { factor: 0.37 };
+            compare(g, &node(scale, vec![a], vec![o]), &mem, 1e-6, 1e-6, "scale");
+            // Metal's exp is within a few ulps.
+            compare(
+                g,
+                &node(Op::SiluMul, vec![a, b], vec![o]),
+                &mem,
+                1e-5,
+                1e-5,
+                "silu_mul",
+            );
+            // f32 sums on the GPU, f64 in the reference.
+            let rms = Op::RmsNorm { eps: 1e-5 };
+            compare(
+                g,
+                &node(rms, vec![a, w], vec![o]),
+                &mem,
+                1e-5,
+                1e-5,
+                "rms_norm",
+            );
+            let ln = Op::LayerNorm { eps: 1e-5 };
+            compare(
+                g,
+                &node(ln, vec![a, w, bias], vec![o]),
+                &mem,
+                1e-5,
+                0.1,
+                "layer_norm",
+            );
+            for s in [1.0, 0.7] {
+                let sm = Op::Softmax { scale: s };
+                compare(g, &node(sm, vec![a], vec![o]), &mem, 1e-5, 1e-6, "softmax");
+            }
+            // GELU in its tanh form, as the reference computes it.
+            compare(
+                g,
+                &node(Op::Gelu, vec![a], vec![o]),
+                &mem,
+                1e-5,
+                1e-4,
+                "gelu",
+            );
+            compare(
+                g,
+                &node(Op::GeluMul, vec![a, b], vec![o]),
+                &mem,
+                1e-5,
+                1e-4,
+                "gelu_mul",
+            );
+        }
+    }
+
+    #[test]
+    fn argmax_copies_rows_and_writes_match_reference() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(2);
+        let mut mem = HostMemory::default();
+        let x = mem.f32_tensor(&[5, 300], &rng.vec(1500, 2.0)).unwrap();
+        let ids = mem.zeros(DType::I32, &[5]).unwrap();
+        compare(
+            &gpu,
+            &node(Op::Argmax, vec![x], vec![ids]),
+            &mem,
+            0.0,
+            1.0,
+            "argmax",
+        );
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let o = mem.zeros(dt, &[5, 300]).unwrap();
+            // One rounding to the narrow type. mlx-native's casts use
+            // Metal's conversions (round to nearest even): exact for f16;
+            // bf16 is allowed one unit in the last place.
+            let tol = if dt == DType::BF16 { 1.0 / 128.0 } else { 0.0 };
+            compare(
+                &gpu,
+                &node(Op::Copy, vec![x], vec![o]),
+                &mem,
+                tol,
+                1e-6,
+                "copy",
+            );
+            let back = mem.zeros(DType::F32, &[5, 300]).unwrap();
+            let narrow = run_ref(&node(Op::Copy, vec![x], vec![o]), &mem);
+            let widen = node(Op::Copy, vec![o], vec![back]);
+            compare(&gpu, &widen, &narrow, 0.0, 1e-6, "copy back");
+            // weft's own kernel writes bf16 caches (ggml's rounding): exact.
+            let cache = mem.zeros(dt, &[16, 300]).unwrap();
+            for (start, ring) in [(3, None), (14, Some(8)), (9, Some(4))] {
+                let op = Op::SetRows { start, ring };
+                compare(
+                    &gpu,
+                    &node(op, vec![x], vec![cache]),
+                    &mem,
+                    0.0,
+                    1e-6,
+                    "set_rows",
+                );
+            }
+        }
+        let data: Vec<u8> = (0..37u8).collect();
+        let o = mem.zeros(DType::I8, &[37]).unwrap();
+        let write = Op::Write { data: data.into() };
+        let got = run_metal(&gpu, &node(write, vec![], vec![o]), &mem);
+        assert_eq!(
+            got.mem.bytes(&o),
+            (0..37u8).collect::<Vec<_>>().as_slice(),
+            "write"
+        );
+    }
+
+    #[test]
+    fn rope_matches_reference() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(3);
+        let mut mem = HostMemory::default();
+        let (rows, heads, d) = (6, 3, 64);
+        let x = mem
+            .f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0))
+            .unwrap();
+        let pos: Vec<i32> = (0..rows as i32).map(|i| i * 37 + 5).collect();
+        let p = mem
+            .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
+            .unwrap();
+        let o = mem.zeros(DType::F32, &[rows, heads * d]).unwrap();
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            for n_dims in [64, 32] {
+                let mut params = RopeParams::plain(mode, d, n_dims, 10000.0);
+                // Metal's precise cos/sin against Rust's: a few ulps of the
+                // angle (~2e-5 rad at position 190).
+                let op = Op::Rope(params);
+                compare(
+                    &gpu,
+                    &node(op, vec![x, p], vec![o]),
+                    &mem,
+                    2e-4,
+                    1e-2,
+                    "rope",
+                );
+                params.ext_factor = 1.0;
+                params.freq_scale = 0.25;
+                params.orig_ctx = 4096;
+                params.base = 100000.0;
+                let op = Op::Rope(params);
+                compare(
+                    &gpu,
+                    &node(op, vec![x, p], vec![o]),
+                    &mem,
+                    2e-4,
+                    1e-2,
+                    "rope yarn",
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn attention_matches_reference() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(4);
+        for kv_dtype in [DType::F32, DType::F16] {
+            for (n, q_position, window, ring, softcap) in [
+                (1, 9, None, None, 0.0),
+                (5, 0, None, None, 0.0),
+                (4, 20, Some(8), Some(12), 0.0),
+                (3, 5, Some(4), None, 0.0),
+                (2, 30, None, None, 30.0),
+            ] {
+                let mut mem = HostMemory::default();
+                let (heads, kv_heads, d) = (6, 2, 64);
+                let rows = ring.map_or(q_position as usize + n, |r| r as usize);
+                let q = mem
+                    .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
+                    .unwrap();
+                let k = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
+                let v = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
+                mem.set_f32(&k, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
+                mem.set_f32(&v, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
+                let o = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
+                let params = AttentionParams {
+                    heads,
+                    kv_heads,
+                    head_dim: d,
+                    scale: 1.0 / (d as f32).sqrt(),
+                    q_position,
+                    window,
+                    ring,
+                    softcap,
+                    kv_capacity: 0,
+                };
+                // The kernel reads f16 caches exactly and computes in f32:
+                // only the summation order differs.
+                let op = Op::Attention(params);
+                compare(
+                    &gpu,
+                    &node(op, vec![q, k, v], vec![o]),
+                    &mem,
+                    1e-4,
+                    5e-2,
+                    "attention",
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn get_rows_matches_reference_and_flags_bad_ids() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(5);
+        let tables = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+        ];
+        for dtype in tables {
+            let mut mem = HostMemory::default();
+            let table = values(&mut mem, &mut rng, dtype, &[40, 512]);
+            let ids: Vec<i32> = vec![3, 0, 39, 3, 17];
+            let id = mem
+                .tensor(DType::I32, &[5], bytemuck::cast_slice(&ids))
+                .unwrap();
+            let o = mem.zeros(DType::F32, &[5, 512]).unwrap();
+            // Dequantization is the reference's, element by element.
+            let op = node(Op::GetRows, vec![table, id], vec![o]);
+            compare(&gpu, &op, &mem, 1e-6, 1e-6, &format!("get_rows {dtype}"));
+            let bad: Vec<i32> = vec![1, 40];
+            let id = mem
+                .tensor(DType::I32, &[2], bytemuck::cast_slice(&bad))
+                .unwrap();
+            let o = mem.zeros(DType::F32, &[2, 512]).unwrap();
+            let run = run_metal(&gpu, &node(Op::GetRows, vec![table, id], vec![o]), &mem);
+            assert_eq!(
+                run.status,
+                weft_kernels::metal::STATUS_BAD_ID,
+                "bad id flagged"
+            );
+        }
+    }
+
+    #[test]
+    fn activation_quantization_is_bit_exact_with_its_f32_image() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(6);
+        for dtype in [
+            DType::Q8_0,
+            DType::Q8_1,
+            DType::Q8_K,
+            DType::F16,
+            DType::BF16,
+        ] {
+            let mut mem = HostMemory::default();
+            let (rows, k) = (3, 512);
+            let mut v = rng.vec(rows * k, 4.0);
+            v[7] = 0.0;
+            // An all-zero block in every format (a whole Q8_K block too).
+            v[512..768].iter_mut().for_each(|x| *x = 0.0);
+            let x = mem.f32_tensor(&[rows, k], &v).unwrap();
+            let o = mem.zeros(dtype, &[rows, k]).unwrap();
+            let n = node(Op::QuantizeRows, vec![x], vec![o]);
+            let got = run_metal(&gpu, &n, &mem);
+            let want = run_ref(&n, &mem);
+            assert_eq!(
+                got.mem.bytes(&o),
+                want.bytes(&o),
+                "quantize to {dtype}: bytes"
+            );
+            let image = got.image.expect("image");
+            assert_eq!(
+                image,
+                want.to_f32(&o).unwrap(),
+                "quantize to {dtype}: f32 image"
+            );
+        }
+    }
+
+    #[test]
+    fn matmul_matches_reference_for_every_weight_format() {
+        let Some(gpu) = gpu() else { return };
+        let mut rng = Rng(7);
+        let formats = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ];
+        for dtype in formats {
+            // SmolLM2's hidden size for 32-element blocks (18 blocks a row).
+            let k = if dtype.block_len() == 256 { 512 } else { 576 };
+            // 1 and 5 rows take mlx-native's mat-vec kernels, 40 its tiled
+            // matmul (more than 8 rows).
+            for (n, m) in [(1usize, 37usize), (5, 64), (40, 33)] {
+                let mut mem = HostMemory::default();
+                let w = values(&mut mem, &mut rng, dtype, &[m, k]);
+                let x = mem.f32_tensor(&[n, k], &rng.vec(n * k, 1.0)).unwrap();
+                let y = mem.zeros(DType::F32, &[n, m]).unwrap();
+                let what = format!("matmul {dtype} x f32 [{n}x{k}]");
+                // f32 sums of k products on the GPU, f64 in the reference.
+                let mm = node(Op::MatMul, vec![x, w], vec![y]);
+                compare(&gpu, &mm, &mem, 1e-4, 0.5, &what);
+                // Activations quantized as the builder records it: the
+                // prologue's f32 image against the reference's integer dot.
+                let act = weft_ops::quant::vec_dot_type(dtype);
+                if act != DType::F32 {
+                    let xq = mem.zeros(act, &[n, k]).unwrap();
+                    let q = node(Op::QuantizeRows, vec![x], vec![xq]);
+                    let mem = run_ref(&q, &mem);
+                    let what = format!("matmul {dtype} x {act} [{n}x{k}]");
+                    let mm = node(Op::MatMul, vec![xq, w], vec![y]);
+                    compare(&gpu, &mm, &mem, 1e-4, 0.5, &what);
+                }
+            }
+        }
+        // Rows shorter than mlx-native's dense tiles: weft's dense kernel.
+        let mut mem = HostMemory::default();
+        let w = values(&mut mem, &mut rng, DType::F16, &[9, 16]);
+        let x = mem.f32_tensor(&[3, 16], &rng.vec(48, 1.0)).unwrap();
+        let y = mem.zeros(DType::F32, &[3, 9]).unwrap();
+        let mm = node(Op::MatMul, vec![x, w], vec![y]);
+        assert_eq!(route(&mm).unwrap(), Route::Weft("weft_mul_mv_dense_f32"));
+        compare(&gpu, &mm, &mem, 1e-5, 0.5, "matmul f16 x f32, k = 16");
+    }
+}
