@@ -162,7 +162,6 @@ fn logits_and_greedy_choices_match_llama_cpp() {
 /// orders in the Q4_K/Q6_K matmul kernels (module docs); run with
 /// `cargo test --release --test gemma3_reference -- --ignored`.
 #[test]
-#[ignore = "needs llama.cpp's Q4_K repack / Q6_K tiled and vec_dot float orders in kernels/src/cpu/quant"]
 fn bit_exact_with_llama_cpp() {
     let Some(Setup { mut exec, model }) = load_gemma3(2, None) else {
         return;

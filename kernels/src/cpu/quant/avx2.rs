@@ -10,6 +10,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::formats::{act_bytes, act_qs, kq, Block32, Kind};
+use super::DotOrder;
 use core::arch::x86_64::*;
 
 /// `hsum_float_8`.
@@ -128,10 +129,45 @@ impl<F: Block32> ScalePtr for F {
     }
 }
 
+/// Q4_K x Q8_K integer parts of one super-block: for each 64-element pair
+/// of chunks `j`, the eight lanes of `sc * dot` in ggml's layout (lane `l`:
+/// elements `4l..4l+3` of both chunks), and the four pair sums
+/// `m[2j] * bs(2j) + m[2j+1] * bs(2j+1)` of the minimums.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4k_parts(x: *const u8, y: *const u8) -> ([__m256i; 4], __m128i) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let scales: [u8; 12] = (x.add(4) as *const [u8; 12]).read_unaligned();
+    let (sc, mins) = weft_ops::quant::unpack_q4k_scales_mins(&scales);
+    let mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
+    let bsums = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
+    let q8s = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256::<1>(bsums),
+    );
+    let prod = _mm_madd_epi16(mins16, q8s);
+    let parts = core::array::from_fn(|j| {
+        let bits = _mm256_loadu_si256(x.add(kq::Q4K_QS + 32 * j) as *const __m256i);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        let ylo = _mm256_loadu_si256(y.add(kq::Q8K_QS + 64 * j) as *const __m256i);
+        let yhi = _mm256_loadu_si256(y.add(kq::Q8K_QS + 64 * j + 32) as *const __m256i);
+        let plo = _mm256_madd_epi16(
+            _mm256_set1_epi16(sc[2 * j] as i16),
+            _mm256_maddubs_epi16(lo, ylo),
+        );
+        let phi = _mm256_madd_epi16(
+            _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            _mm256_maddubs_epi16(hi, yhi),
+        );
+        _mm256_add_epi32(plo, phi)
+    });
+    (parts, prod)
+}
+
 /// `ggml_vec_dot_q4_K_q8_K`, AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
     for i in 0..nb {
@@ -139,33 +175,12 @@ pub(crate) unsafe fn dot_q4k(w: *const u8, a: *const u8, nb: usize) -> f32 {
         let yd = (y as *const f32).read_unaligned();
         let d = yd * f16_at(x);
         let dmin = -yd * f16_at(x.add(2));
-        let scales: [u8; 12] = (x.add(4) as *const [u8; 12]).read_unaligned();
-        let (sc, mins) = weft_ops::quant::unpack_q4k_scales_mins(&scales);
-        let mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
-        let bsums = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
-        let q8s = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bsums),
-            _mm256_extracti128_si256::<1>(bsums),
-        );
-        let prod = _mm_madd_epi16(mins16, q8s);
+        let (parts, prod) = q4k_parts(x, y);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let bits = _mm256_loadu_si256(x.add(kq::Q4K_QS + 32 * j) as *const __m256i);
-            let lo = _mm256_and_si256(bits, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-            let ylo = _mm256_loadu_si256(y.add(kq::Q8K_QS + 64 * j) as *const __m256i);
-            let yhi = _mm256_loadu_si256(y.add(kq::Q8K_QS + 64 * j + 32) as *const __m256i);
-            let plo = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j] as i16),
-                _mm256_maddubs_epi16(lo, ylo),
-            );
-            let phi = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j + 1] as i16),
-                _mm256_maddubs_epi16(hi, yhi),
-            );
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
-        }
+        let sumi = _mm256_add_epi32(
+            _mm256_add_epi32(parts[0], parts[1]),
+            _mm256_add_epi32(parts[2], parts[3]),
+        );
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
@@ -173,53 +188,162 @@ pub(crate) unsafe fn dot_q4k(w: *const u8, a: *const u8, nb: usize) -> f32 {
     hsum8(acc) + _mm_cvtss_f32(acc_m)
 }
 
+/// The exact sums of the eight lanes of each of four vectors.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sum_lanes4(v: &[__m256i; 4]) -> [i32; 4] {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let mut out = [0i32; 4];
+    // SAFETY: `out` has room for four i32.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s) };
+    out
+}
+
+/// The four i32 of `v`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn lanes4(v: __m128i) -> [i32; 4] {
+    let mut out = [0i32; 4];
+    // SAFETY: `out` has room for four i32.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, v) };
+    out
+}
+
+/// Q4_K repacked (gemv, or gemm with `GEMM`), `scalar::dot_q4k_repack`'s
+/// order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4k_repack<const GEMM: bool>(
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for i in 0..nb {
+        let (x, y) = (w.add(i * kq::Q4K_BYTES), a.add(i * kq::Q8K_BYTES));
+        let yd = (y as *const f32).read_unaligned();
+        let (dd, dm) = (f16_at(x) * yd, f16_at(x.add(2)) * yd);
+        let (parts, prod) = q4k_parts(x, y);
+        let (isum, imin) = (sum_lanes4(&parts), lanes4(prod));
+        if GEMM {
+            for (&s, &m) in isum.iter().zip(&imin) {
+                acc = (s as f32).mul_add(dd, acc);
+                accm = (m as f32).mul_add(dm, accm);
+            }
+        } else {
+            acc = (isum.iter().sum::<i32>() as f32).mul_add(dd, acc);
+            accm = (imin.iter().sum::<i32>() as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
+/// Q4_K in the tiled order (`scalar::dot_q4k_tiled`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    let mut acc = 0f32;
+    for i in 0..nb {
+        let (x, y) = (w.add(i * kq::Q4K_BYTES), a.add(i * kq::Q8K_BYTES));
+        let (parts, prod) = q4k_parts(x, y);
+        let s = sum_lanes4(&parts).iter().sum::<i32>();
+        let m = lanes4(prod).iter().sum::<i32>();
+        let r = (-f16_at(x.add(2))).mul_add(m as f32, s as f32 * f16_at(x));
+        acc = r.mul_add((y as *const f32).read_unaligned(), acc);
+    }
+    acc
+}
+
+/// Q6_K x Q8_K integer lanes of one super-block in
+/// `ggml_vec_dot_q6_K_q8_K`'s layout: `scale * q * y` per lane, minus the
+/// `32 * bsum * scale` offsets of the lane's 32 elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6k_lanes(x: *const u8, y: *const u8) -> __m256i {
+    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    let q8sums = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
+    let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(kq::Q6K_SCALES) as *const __m128i));
+    let offsets = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales16));
+    let mut sumi = _mm256_setzero_si256();
+    for h in 0..2 {
+        let ql0 = _mm256_loadu_si256(x.add(64 * h) as *const __m256i);
+        let ql1 = _mm256_loadu_si256(x.add(64 * h + 32) as *const __m256i);
+        let qh = _mm256_loadu_si256(x.add(kq::Q6K_QH + 32 * h) as *const __m256i);
+        let high = |s: i32| {
+            let v = match s {
+                0 => qh,
+                2 => _mm256_srli_epi16::<2>(qh),
+                4 => _mm256_srli_epi16::<4>(qh),
+                _ => _mm256_srli_epi16::<6>(qh),
+            };
+            _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
+        };
+        let q = [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high(4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high(6)),
+        ];
+        for (k, qk) in q.iter().enumerate() {
+            let yk = _mm256_loadu_si256(y.add(kq::Q8K_QS + 128 * h + 32 * k) as *const __m256i);
+            let s = x.add(kq::Q6K_SCALES + 8 * h + 2 * k);
+            let (s0, s1) = (*s as i8 as i16, *s.add(1) as i8 as i16);
+            let scale = _mm256_setr_epi16(
+                s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1,
+            );
+            sumi = _mm256_add_epi32(
+                sumi,
+                _mm256_madd_epi16(scale, _mm256_maddubs_epi16(*qk, yk)),
+            );
+        }
+    }
+    _mm256_sub_epi32(sumi, offsets)
+}
+
 /// `ggml_vec_dot_q6_K_q8_K`, AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    let (m4, m2, m32) = (
-        _mm256_set1_epi8(0x0f),
-        _mm256_set1_epi8(3),
-        _mm256_set1_epi8(32),
-    );
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let (x, y) = (w.add(i * kq::Q6K_BYTES), a.add(i * kq::Q8K_BYTES));
         let d = (y as *const f32).read_unaligned() * f16_at(x.add(kq::Q6K_D));
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(x.add(64 * h) as *const __m256i);
-            let ql1 = _mm256_loadu_si256(x.add(64 * h + 32) as *const __m256i);
-            let qh = _mm256_loadu_si256(x.add(kq::Q6K_QH + 32 * h) as *const __m256i);
-            let high = |s: i32| {
-                let v = match s {
-                    0 => qh,
-                    2 => _mm256_srli_epi16::<2>(qh),
-                    4 => _mm256_srli_epi16::<4>(qh),
-                    _ => _mm256_srli_epi16::<6>(qh),
-                };
-                _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
-            };
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high(4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high(6)),
-            ];
-            for (k, qk) in q.iter().enumerate() {
-                let yk = _mm256_loadu_si256(y.add(kq::Q8K_QS + 128 * h + 32 * k) as *const __m256i);
-                let p16 =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, yk), _mm256_maddubs_epi16(m32, yk));
-                let s = x.add(kq::Q6K_SCALES + 8 * h + 2 * k);
-                let (s0, s1) = (*s as i8 as i16, *s.add(1) as i8 as i16);
-                let scale = _mm256_setr_epi16(
-                    s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1,
-                );
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p16));
-            }
-        }
+        let sumi = q6k_lanes(x, y);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum8(acc)
+}
+
+/// Q6_K in the tiled order (`scalar::dot_q6k_tiled`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q6k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    let mut acc = 0f32;
+    for i in 0..nb {
+        let (x, y) = (w.add(i * kq::Q6K_BYTES), a.add(i * kq::Q8K_BYTES));
+        let v = q6k_lanes(x, y);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let isum = lanes4(s4).iter().sum::<i32>();
+        let r = isum as f32 * f16_at(x.add(kq::Q6K_D));
+        acc = r.mul_add((y as *const f32).read_unaligned(), acc);
+    }
+    acc
+}
+
+/// One Q4_K / Q6_K product in `order`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_kquant(
+    order: DotOrder,
+    q6: bool,
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+) -> f32 {
+    match (q6, order) {
+        (true, DotOrder::Tiled) => dot_q6k_tiled(w, a, nb),
+        (true, _) => dot_q6k(w, a, nb),
+        (false, DotOrder::RepackGemm) => dot_q4k_repack::<true>(w, a, nb),
+        (false, DotOrder::RepackGemv) => dot_q4k_repack::<false>(w, a, nb),
+        (false, DotOrder::Tiled) => dot_q4k_tiled(w, a, nb),
+        (false, DotOrder::VecDot) => dot_q4k(w, a, nb),
+    }
 }
 
 /// Sixteen f32 lanes as two halves, for the f32/f16 dot products whose

@@ -1,9 +1,22 @@
 //! AVX-512 decode kernels (one activation row) for Q4_K and Q6_K, straight
-//! from the GGUF rows: two weight rows per 512-bit register, each 256-bit
-//! half exactly ggml's AVX2 register for that row (`ggml_vec_dot_q4_K_q8_K`
-//! / `_q6_K_`), so every lane sums the same integers and accumulates them
-//! in the same order; the rows are reduced with `hsum_float_8` at the end.
+//! from the GGUF rows.
+//!
+//! - [`DotOrder::VecDot`] (Q6_K; Q4_K whose row count is no multiple of
+//!   8): two weight rows per 512-bit register, each 256-bit half exactly
+//!   ggml's AVX2 register for that row (`ggml_vec_dot_q4_K_q8_K` /
+//!   `_q6_K_`), so every lane sums the same integers and accumulates them
+//!   in the same order; the rows are reduced with `hsum_float_8` at the end.
+//! - [`DotOrder::RepackGemv`] (Q4_K, the usual case): eight rows in
+//!   flight; per super-block the exact integer sums of every row are
+//!   folded into one register (lane `4q + {0,1,2,3}`: row `q`'s `isum`,
+//!   `imin`, row `4 + q`'s `isum`, `imin`), so one fused multiply-add
+//!   accumulates both sums of all eight rows, as `ggml_gemv_q4_K_8x8_q8_K`
+//!   does per row.
+//!
 //! Bit-identical to `scalar.rs`.
+//!
+//! [`DotOrder::VecDot`]: super::DotOrder::VecDot
+//! [`DotOrder::RepackGemv`]: super::DotOrder::RepackGemv
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -149,6 +162,157 @@ unsafe fn pair_q4k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (
     )
 }
 
+/// Weight-row groups of eight ahead to prefetch in the gemv kernel.
+const PREFETCH_GROUPS: usize = 2;
+
+/// Sums of four lanes, transposed: lane `4q + t` of the result is the sum
+/// of lanes `4q..4q + 4` of `v[t]` (exact, i32).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub(crate) fn sum4_transposed(v: [__m512i; 4]) -> __m512i {
+    let s01 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let s23 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    _mm512_add_epi32(
+        _mm512_unpacklo_epi64(s01, s23),
+        _mm512_unpackhi_epi64(s01, s23),
+    )
+}
+
+/// Q4_K rows `0..rows` against one Q8_K row in the repacked gemv order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn matvec_q4k_gemv(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    act: *const u8,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut r0 = 0;
+    while r0 < rows {
+        let valid = (rows - r0).min(8);
+        let ahead = r0 + 8 * PREFETCH_GROUPS;
+        let next = (ahead < rows).then(|| w.add(ahead * row_bytes));
+        let res = gemv8_q4k(w.add(r0 * row_bytes), row_bytes, valid, act, nb, next);
+        _mm256_mask_storeu_ps(out.add(r0), ((1u16 << valid) - 1) as u8, res);
+        r0 += 8;
+    }
+}
+
+/// Eight Q4_K rows (the last `8 - valid` repeat row `valid - 1`) against
+/// one Q8_K row; `next`: the rows to prefetch.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn gemv8_q4k(
+    base: *const u8,
+    row_bytes: usize,
+    valid: usize,
+    act: *const u8,
+    nb: usize,
+    next: Option<*const u8>,
+) -> __m256 {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let offs: [i32; 8] = core::array::from_fn(|r| (r.min(valid - 1) * row_bytes) as i32);
+    let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
+    // (d, dmin) of row r at lanes 2r, 2r + 1, moved to the sums' layout.
+    let dm_order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    let mut acc = _mm512_setzero_ps();
+    for b in 0..nb {
+        let x = base.add(b * kq::Q4K_BYTES);
+        let y = act.add(b * kq::Q8K_BYTES);
+        if let Some(n) = next {
+            // A hint only: addresses past the matrix are harmless.
+            let p = n.wrapping_add(b * 8 * kq::Q4K_BYTES);
+            for line in (0..8 * kq::Q4K_BYTES).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
+            }
+        }
+        let ys: [__m512i; 8] = core::array::from_fn(|i| both32(y.add(kq::Q8K_QS + 32 * i)));
+        let bs = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
+        let bs32 = _mm512_broadcast_i32x4(_mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        ));
+        let mut mins = [0i64; 8];
+        let sums: [__m512i; 4] = core::array::from_fn(|p| {
+            let (xa, xb) = (
+                x.offset(offs[2 * p] as isize),
+                x.offset(offs[2 * p + 1] as isize),
+            );
+            let ((sca, ma), (scb, mb)) = (q4k_scales(xa), q4k_scales(xb));
+            (mins[2 * p], mins[2 * p + 1]) = (ma, mb);
+            pair_sums_q4k(xa, xb, sca, scb, &ys, m4)
+        });
+        // Rows 0..3 / 4..7, one per 128-bit lane (the two halves of each
+        // row's eight lanes added).
+        let fold = |a: __m512i, c: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b10_00_10_00>(a, c),
+                _mm512_shuffle_i64x2::<0b11_01_11_01>(a, c),
+            )
+        };
+        let min_sums = |m: &[i64]| {
+            let m16 = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(m[0], m[1], m[2], m[3]));
+            _mm512_madd_epi16(m16, bs32)
+        };
+        let v = sum4_transposed([
+            fold(sums[0], sums[1]),
+            min_sums(&mins[0..4]),
+            fold(sums[2], sums[3]),
+            min_sums(&mins[4..8]),
+        ]);
+        let dm = _mm512_cvtph_ps(_mm256_i32gather_epi32::<1>(x as *const i32, voffs));
+        let yd = _mm512_set1_ps((y as *const f32).read_unaligned());
+        let scale = _mm512_mul_ps(_mm512_permutexvar_ps(dm_order, dm), yd);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc);
+    }
+    let sums = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    let mins = _mm512_setr_epi32(1, 5, 9, 13, 3, 7, 11, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm256_sub_ps(
+        _mm512_castps512_ps256(_mm512_permutexvar_ps(sums, acc)),
+        _mm512_castps512_ps256(_mm512_permutexvar_ps(mins, acc)),
+    )
+}
+
+/// The scaled code x activation lanes of one super-block of two Q4_K rows
+/// (row `a` in the low 256 bits, `b` in the high), ggml's AVX2 layout per
+/// half. `ys[i]`: activation bytes `32i..32i + 32` in both halves.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn pair_sums_q4k(
+    xa: *const u8,
+    xb: *const u8,
+    sca: i64,
+    scb: i64,
+    ys: &[__m512i; 8],
+    m4: __m512i,
+) -> __m512i {
+    let sc16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(scb, sca));
+    let scales = _mm512_shuffle_i64x2::<0b01_01_00_00>(
+        _mm512_castsi256_si512(sc16),
+        _mm512_castsi256_si512(sc16),
+    );
+    let mut sumi = _mm512_setzero_si512();
+    for j in 0..4 {
+        let bits = pair32(xa.add(kq::Q4K_QS + 32 * j), xb.add(kq::Q4K_QS + 32 * j));
+        let lo = _mm512_and_si512(bits, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
+        let sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(0x0101 * (4 * j as i16) + 0x0100));
+        let sh = _mm512_shuffle_epi8(
+            scales,
+            _mm512_set1_epi16(0x0101 * (4 * j as i16 + 2) + 0x0100),
+        );
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, ys[2 * j]), sl);
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, ys[2 * j + 1]), sh);
+    }
+    sumi
+}
+
 /// Rows `0..rows` of Q6_K against one Q8_K row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn matvec_q6k(
@@ -173,11 +337,7 @@ pub(crate) unsafe fn matvec_q6k(
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (f32, f32) {
-    let (m4, m2, m32) = (
-        _mm512_set1_epi8(0x0f),
-        _mm512_set1_epi8(3),
-        _mm512_set1_epi8(32),
-    );
+    let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
     let mut acc = _mm512_setzero_ps();
     for i in 0..nb {
         let (x0, x1) = (w0.add(i * kq::Q6K_BYTES), w1.add(i * kq::Q6K_BYTES));
@@ -187,7 +347,14 @@ unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (
         // (8 per 128-bit lane, shuffled per chunk below).
         let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x0.add(kq::Q6K_SCALES) as *const __m128i));
         let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x1.add(kq::Q6K_SCALES) as *const __m128i));
-        let mut sumi = _mm512_setzero_si512();
+        // ggml's offset lanes: 32 * (bsum[2l] sc[2l] + bsum[2l+1] sc[2l+1]).
+        let bsums =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i));
+        let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s0), s1);
+        let mut sumi = _mm512_sub_epi32(
+            _mm512_setzero_si512(),
+            _mm512_slli_epi32::<5>(_mm512_madd_epi16(bsums, both)),
+        );
         for h in 0..2 {
             let ql0 = pair32(x0.add(64 * h), x1.add(64 * h));
             let ql1 = pair32(x0.add(64 * h + 32), x1.add(64 * h + 32));
@@ -220,8 +387,7 @@ unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (
             );
             for (k, qk) in q.iter().enumerate() {
                 let yk = both32(y.add(kq::Q8K_QS + 128 * h + 32 * k));
-                let p16 =
-                    _mm512_sub_epi16(_mm512_maddubs_epi16(*qk, yk), _mm512_maddubs_epi16(m32, yk));
+                let p16 = _mm512_maddubs_epi16(*qk, yk);
                 // i16 lanes 0..7 of each half: scale 2k, lanes 8..15: 2k+1.
                 let e = (2 * k) as i8;
                 let lo = _mm_set_epi8(

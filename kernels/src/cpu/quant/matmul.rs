@@ -4,11 +4,13 @@
 //!
 //! - AVX-512, 32-element formats: `avx512_b32::matvec` for one token,
 //!   `avx512_b32::gemm` (packed panels, 4x8 register tiles) for more.
+//! - AVX-512, Q4_K / Q6_K: `avx512_kq` (every order of `order.rs`).
 //! - Everything else: the row-by-row dot products of the AVX2 or scalar
-//!   path (same numerics), weight row outer so it stays in L1.
+//!   path (same numerics), weight row outer so it stays in L1; Q4_K and
+//!   Q6_K in the order `DotOrder::of` picks per token.
 
 use super::formats::{self, Block32};
-use super::{avx2, avx512_b32, avx512_kq, float_gemm, scalar, Isa};
+use super::{avx2, avx512_b32, avx512_kq, float_gemm, scalar, DotOrder, Isa};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -244,13 +246,17 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
         DType::Q5_1 => block32::<formats::Q5_1>(isa, c),
         DType::Q8_0 => block32::<formats::Q8_0>(isa, c),
         DType::Q4_K | DType::Q6_K if isa == Isa::Avx512 => avx512_kq::matmul(wdtype, c),
+        DType::Q4_K | DType::Q6_K => {
+            kquant_rowwise(isa, wdtype, c);
+            Ok(())
+        }
         DType::F32 | DType::F16 | DType::BF16
             if float_gemm::applies(wdtype, c.k, c.stride, c.n) =>
         {
             float_gemm::matmul(isa, wdtype, c);
             Ok(())
         }
-        DType::Q4_K | DType::Q6_K | DType::F32 | DType::F16 | DType::BF16 => {
+        DType::F32 | DType::F16 | DType::BF16 => {
             rowwise(c, |w, a| super::dot_raw(isa, wdtype, w, a, c.k));
             Ok(())
         }
@@ -311,6 +317,26 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
         }),
     }
     Ok(())
+}
+
+/// Q4_K / Q6_K on the scalar or AVX2 path: weight row outer, tokens
+/// inner, each product in the order `DotOrder::of` gives its token.
+unsafe fn kquant_rowwise(isa: Isa, wdtype: DType, c: &RawCall) {
+    let (q6, nb) = (wdtype == DType::Q6_K, c.k / 256);
+    for r in 0..c.rows {
+        let w = c.w.add(r * c.row_bytes);
+        for t in 0..c.n {
+            let order = DotOrder::of(wdtype, c.stride, c.n, t);
+            let a = c.act.add(t * c.act_row);
+            *c.out.add(t * c.stride + r) = if isa == Isa::Scalar {
+                let ws = std::slice::from_raw_parts(w, c.row_bytes);
+                let as_ = std::slice::from_raw_parts(a, c.act_row);
+                scalar::dot_kquant(order, q6, ws, as_, nb)
+            } else {
+                avx2::dot_kquant(order, q6, w, a, nb)
+            };
+        }
+    }
 }
 
 /// Weight row outer, tokens inner.

@@ -21,9 +21,16 @@
 //!   `out.cols()` and all `n` activation rows; [`OutColumns::split_at`]
 //!   gives each thread its own rows.
 //! - [`matmul_rows`]: the same on the executor's [`HostTensor`]s.
-//! - [`vec_dot`]: one weight row against one activation row.
+//! - [`vec_dot`]: one weight row against one activation row
+//!   ([`vec_dot_in_order_with`]: in a given K-quant order).
 //!
-//! Files: `isa.rs` (detection), `formats.rs` (format descriptions),
+//! **Orders.** Q4_K and Q6_K products are summed in the order llama.cpp's
+//! CPU backend picks for the call (`ggml_vec_dot`, the repacked Q4_K
+//! gemv/gemm, the tiled matmul), from the weight's row count, the number of
+//! activation rows and the row index: [`DotOrder`] (`order.rs`).
+//!
+//! Files: `isa.rs` (detection), `order.rs` (the K-quant orders),
+//! `formats.rs` (format descriptions),
 //! `scalar.rs` (the specification and fallback), `avx2.rs`,
 //! `avx512_b32.rs` (32-element formats: decode matvec and prefill gemm),
 //! `avx512_kq.rs` / `avx512_kq_mv.rs` (Q4_K, Q6_K prefill / decode),
@@ -42,10 +49,12 @@ mod float_gemm;
 mod formats;
 mod isa;
 mod matmul;
+mod order;
 mod scalar;
 
 pub use isa::{Isa, ISA_ENV};
 pub use matmul::OutColumns;
+pub use order::DotOrder;
 
 use super::HostTensor;
 use std::ops::Range;
@@ -129,7 +138,9 @@ pub fn quantize_activations_with(
     }
 }
 
-/// `w_row . act_row`, where `act_row` is in `vec_dot_type(wdtype)` format.
+/// `w_row . act_row`, where `act_row` is in `vec_dot_type(wdtype)` format,
+/// in ggml's `vec_dot` order ([`DotOrder::VecDot`]; a matmul may sum Q4_K
+/// and Q6_K products in another order, see [`DotOrder::of`]).
 pub fn vec_dot(wdtype: DType, w_row: &[u8], act_row: &[u8]) -> Result<f32, OpError> {
     vec_dot_with(Isa::detect()?, wdtype, w_row, act_row)
 }
@@ -154,12 +165,49 @@ pub fn vec_dot_with(isa: Isa, wdtype: DType, w_row: &[u8], act_row: &[u8]) -> Re
     Ok(out[0])
 }
 
+/// `w_row . act_row` summed in `order`. Every format has
+/// [`DotOrder::VecDot`] (that is [`vec_dot_with`]); the other orders exist
+/// for Q4_K (all) and Q6_K ([`DotOrder::Tiled`]) and are refused for the
+/// rest. [`matmul`] gives the same bits as this with the order
+/// [`DotOrder::of`] picks.
+pub fn vec_dot_in_order_with(
+    isa: Isa,
+    order: DotOrder,
+    wdtype: DType,
+    w_row: &[u8],
+    act_row: &[u8],
+) -> Result<f32, OpError> {
+    let exists = match wdtype {
+        DType::Q4_K => true,
+        DType::Q6_K => matches!(order, DotOrder::VecDot | DotOrder::Tiled),
+        _ => order == DotOrder::VecDot,
+    };
+    if !exists {
+        return Err(OpError::Param {
+            op: "vec_dot",
+            message: format!("{wdtype} weights have no {order:?} order"),
+        });
+    }
+    // Checks the lengths and the path.
+    let vec_dot = vec_dot_with(isa, wdtype, w_row, act_row)?;
+    if order == DotOrder::VecDot {
+        return Ok(vec_dot);
+    }
+    let (q6, nb) = (wdtype == DType::Q6_K, w_row.len() / wdtype.block_bytes());
+    if isa == Isa::Scalar {
+        return Ok(scalar::dot_kquant(order, q6, w_row, act_row, nb));
+    }
+    // SAFETY: the path is supported and the lengths were checked above.
+    Ok(unsafe { avx2::dot_kquant(order, q6, w_row.as_ptr(), act_row.as_ptr(), nb) })
+}
+
 /// `out[t * stride + r] = w_row(r) . act_row(t)` for `r` in `out.cols()`
 /// and `t` in `0..n`: `w` holds the weight matrix (rows of `k` elements in
 /// GGUF layout, row `r` at `r * row_bytes`), `act` holds `n` rows of `k`
 /// activations in `vec_dot_type(wdtype)` format. The output's row stride
 /// is taken to be the weight's row count (it decides, as in ggml, whether
-/// float weights take the tinyBLAS order for `n >= 2`).
+/// float weights take the tinyBLAS order for `n >= 2`, and with `n` which
+/// order Q4_K and Q6_K products take: [`DotOrder::of`]).
 pub fn matmul(
     wdtype: DType,
     w: &[u8],
@@ -249,10 +297,6 @@ unsafe fn dot_raw(isa: Isa, wdtype: DType, w: *const u8, a: *const u8, k: usize)
     let simd = isa != Isa::Scalar;
     let wide = isa == Isa::Avx512;
     match wdtype {
-        DType::Q4_K if simd => avx2::dot_q4k(w, a, k / 256),
-        DType::Q4_K => scalar::dot_q4k(wrow, arow, k / 256),
-        DType::Q6_K if simd => avx2::dot_q6k(w, a, k / 256),
-        DType::Q6_K => scalar::dot_q6k(wrow, arow, k / 256),
         DType::F32 if wide => avx512_float::dot_f32(w, a, k),
         DType::F32 if simd => avx2::dot_f32(w, a, k),
         DType::F32 => scalar::dot_f32(wrow, arow, k),

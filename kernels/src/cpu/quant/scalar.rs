@@ -1,20 +1,28 @@
 //! The scalar path, and the *specification* of the numerics every path
-//! follows: ggml's x86 (AVX2) dot products, lane by lane.
+//! follows: llama.cpp's x86 CPU kernels, lane by lane.
 //!
-//! ggml's AVX2 kernels keep eight f32 accumulator lanes; lane `l` receives,
-//! per block, the exact integer sum over elements `4l..4l+3` of each
-//! 32-element chunk (what `maddubs`+`madd` or `vpdpbusd` produce), converted
-//! to f32 and accumulated with a fused multiply-add by the block's combined
-//! scale; the lanes are reduced in `hsum_float_8`'s order at the end.
-//! Reproducing that order makes weft's logits bit-identical to llama.cpp's
-//! where the inputs are, which matters when two logits differ by 0.005.
-//! The reference dot products in `weft_ops::quant` follow ggml's *generic*
-//! C code instead (another order); they agree to f32 rounding.
+//! ggml's AVX2 dot products (`ggml_vec_dot_*`, [`DotOrder::VecDot`]) keep
+//! eight f32 accumulator lanes; lane `l` receives, per block, the exact
+//! integer sum over elements `4l..4l+3` of each 32-element chunk (what
+//! `maddubs`+`madd` or `vpdpbusd` produce), converted to f32 and
+//! accumulated with a fused multiply-add by the block's combined scale; the
+//! lanes are reduced in `hsum_float_8`'s order at the end. Q4_K and Q6_K
+//! products also come in llama.cpp's other orders (the repacked Q4_K
+//! gemv/gemm and the tiled matmul, chosen per call as `order.rs`
+//! describes): the same exact integers per super-block, added into one f32
+//! accumulator in the order each kernel uses.
+//! Reproducing those orders makes weft's logits bit-identical to
+//! llama.cpp's where the inputs are, which matters when two logits differ
+//! by 0.005. The reference dot products in `weft_ops::quant` follow ggml's
+//! *generic* C code instead (another order); they agree to f32 rounding.
 //!
 //! Inputs are validated by the caller (`mod.rs`): whole blocks, matching
 //! lengths.
+//!
+//! [`DotOrder::VecDot`]: super::DotOrder::VecDot
 
 use super::formats::{act_bytes, act_qs, kq, Block32};
+use super::DotOrder;
 use weft_ops::quant::{bf16_to_f32, f16_to_f32, unpack_q4k_scales_mins};
 
 /// ggml's `hsum_float_8`: `((x0+x4) + (x2+x6)) + ((x1+x5) + (x3+x7))`.
@@ -120,6 +128,83 @@ pub(crate) fn dot_q4k(w: &[u8], a: &[u8], nb: usize) -> f32 {
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
+/// Q4_K's exact integer sums of one super-block, per 64-element pair of
+/// chunks `p` (chunks `2p`, `2p + 1`): `sum(sc[c] * dot_c)` and
+/// `sum(m[c] * (bsum[2c] + bsum[2c + 1]))`, with `dot_c` chunk `c`'s code
+/// times activation dot product.
+pub(crate) fn q4k_pair_sums(x: &[u8], y: &[u8]) -> ([i32; 4], [i32; 4]) {
+    let scales: &[u8; 12] = x[4..16].try_into().unwrap_or(&[0; 12]);
+    let (sc, m) = unpack_q4k_scales_mins(scales);
+    let u = q4k_codes(x);
+    let yq = act_quants(&y[kq::Q8K_QS..kq::Q8K_QS + 256]);
+    let (mut isum, mut imin) = ([0i32; 4], [0i32; 4]);
+    for c in 0..8 {
+        let dot: i32 = (32 * c..32 * c + 32)
+            .map(|e| u[e] as i32 * yq[e] as i32)
+            .sum();
+        isum[c / 2] += sc[c] as i32 * dot;
+        imin[c / 2] += m[c] as i32 * (q8k_bsum(y, 2 * c) + q8k_bsum(y, 2 * c + 1));
+    }
+    (isum, imin)
+}
+
+/// Q4_K repacked (`ggml_gemv_q4_K_8x8_q8_K` / `ggml_gemm_...`): two
+/// accumulators, `acc += f32(isum) * (d_w d_a)` and `accm += f32(imin) *
+/// (dmin_w d_a)` with fused multiply-adds, once per super-block (gemv,
+/// `GEMM = false`) or once per 64-element pair (gemm); `acc - accm`.
+pub(crate) fn dot_q4k_repack<const GEMM: bool>(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (x, y) in w
+        .chunks_exact(kq::Q4K_BYTES)
+        .zip(a.chunks_exact(kq::Q8K_BYTES))
+        .take(nb)
+    {
+        let (isum, imin) = q4k_pair_sums(x, y);
+        let yd = q8k_d(y);
+        let dd = f16_to_f32([x[0], x[1]]) * yd;
+        let dm = f16_to_f32([x[2], x[3]]) * yd;
+        if GEMM {
+            for (&s, &m) in isum.iter().zip(&imin) {
+                acc = (s as f32).mul_add(dd, acc);
+                accm = (m as f32).mul_add(dm, accm);
+            }
+        } else {
+            acc = (isum.iter().sum::<i32>() as f32).mul_add(dd, acc);
+            accm = (imin.iter().sum::<i32>() as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
+/// Q4_K in the tiled order: per super-block `r = fma(-dmin_w, f32(imin),
+/// f32(isum) * d_w)` (`_mm512_fnmadd_ps`), then `acc = fma(r, d_a, acc)`.
+pub(crate) fn dot_q4k_tiled(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in w
+        .chunks_exact(kq::Q4K_BYTES)
+        .zip(a.chunks_exact(kq::Q8K_BYTES))
+        .take(nb)
+    {
+        let (isum, imin) = q4k_pair_sums(x, y);
+        let (s, m) = (isum.iter().sum::<i32>(), imin.iter().sum::<i32>());
+        let r = (-f16_to_f32([x[2], x[3]])).mul_add(m as f32, s as f32 * f16_to_f32([x[0], x[1]]));
+        acc = r.mul_add(q8k_d(y), acc);
+    }
+    acc
+}
+
+/// One Q4_K / Q6_K product in `order` (`order.rs`).
+pub(crate) fn dot_kquant(order: DotOrder, q6: bool, w: &[u8], a: &[u8], nb: usize) -> f32 {
+    match (q6, order) {
+        (true, DotOrder::Tiled) => dot_q6k_tiled(w, a, nb),
+        (true, _) => dot_q6k(w, a, nb),
+        (false, DotOrder::RepackGemm) => dot_q4k_repack::<true>(w, a, nb),
+        (false, DotOrder::RepackGemv) => dot_q4k_repack::<false>(w, a, nb),
+        (false, DotOrder::Tiled) => dot_q4k_tiled(w, a, nb),
+        (false, DotOrder::VecDot) => dot_q4k(w, a, nb),
+    }
+}
+
 /// Q6_K's 256 codes (0..=63, weight `q - 32`) in element order.
 pub(crate) fn q6k_codes(x: &[u8]) -> [u8; 256] {
     let mut u = [0u8; 256];
@@ -140,8 +225,10 @@ pub(crate) fn q6k_codes(x: &[u8]) -> [u8; 256] {
     u
 }
 
-/// `ggml_vec_dot_q6_K_q8_K` (AVX2): lane `l` sums
-/// `scale[e / 16] * (q - 32) * y` over elements `4l..4l+3` of every chunk.
+/// `ggml_vec_dot_q6_K_q8_K` (AVX2): lane `l` sums `scale[e / 16] * q * y`
+/// (`q` the unsigned 6-bit code) over elements `4l..4l+3` of every chunk,
+/// minus the offset of elements `32l..32l+31` taken through the activation
+/// sums: `32 * (bsum[2l] scale[2l] + bsum[2l+1] scale[2l+1])`.
 pub(crate) fn dot_q6k(w: &[u8], a: &[u8], nb: usize) -> f32 {
     let mut acc = [0f32; 8];
     for (x, y) in w
@@ -151,10 +238,15 @@ pub(crate) fn dot_q6k(w: &[u8], a: &[u8], nb: usize) -> f32 {
     {
         let u = q6k_codes(x);
         let yq = act_quants(&y[kq::Q8K_QS..kq::Q8K_QS + 256]);
+        let scale = |j: usize| x[kq::Q6K_SCALES + j] as i8 as i32;
         let mut sumi = [0i32; 8];
         for (e, (&c, &v)) in u.iter().zip(yq).enumerate() {
-            let scale = x[kq::Q6K_SCALES + e / 16] as i8 as i32;
-            sumi[(e % 32) / 4] += scale * ((c as i32 - 32) * v as i32);
+            sumi[(e % 32) / 4] += scale(e / 16) * (c as i32 * v as i32);
+        }
+        for (l, s) in sumi.iter_mut().enumerate() {
+            let offset =
+                q8k_bsum(y, 2 * l) * scale(2 * l) + q8k_bsum(y, 2 * l + 1) * scale(2 * l + 1);
+            *s -= 32 * offset;
         }
         let d = q8k_d(y) * f16_to_f32([x[kq::Q6K_D], x[kq::Q6K_D + 1]]);
         for (a, s) in acc.iter_mut().zip(sumi) {
@@ -162,6 +254,33 @@ pub(crate) fn dot_q6k(w: &[u8], a: &[u8], nb: usize) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// Q6_K's exact integer sum of one super-block:
+/// `sum(scale[e / 16] * (q[e] - 32) * y[e])`.
+pub(crate) fn q6k_block_sum(x: &[u8], y: &[u8]) -> i32 {
+    let u = q6k_codes(x);
+    let yq = act_quants(&y[kq::Q8K_QS..kq::Q8K_QS + 256]);
+    u.iter()
+        .zip(yq)
+        .enumerate()
+        .map(|(e, (&c, &v))| x[kq::Q6K_SCALES + e / 16] as i8 as i32 * (c as i32 - 32) * v as i32)
+        .sum()
+}
+
+/// Q6_K in the tiled order: per super-block `acc = fma(f32(isum) * d_w,
+/// d_a, acc)` (the kernel's `add(buf, mul(result, d1))`, fused by gcc).
+pub(crate) fn dot_q6k_tiled(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in w
+        .chunks_exact(kq::Q6K_BYTES)
+        .zip(a.chunks_exact(kq::Q8K_BYTES))
+        .take(nb)
+    {
+        let r = q6k_block_sum(x, y) as f32 * f16_to_f32([x[kq::Q6K_D], x[kq::Q6K_D + 1]]);
+        acc = r.mul_add(q8k_d(y), acc);
+    }
+    acc
 }
 
 /// `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
