@@ -144,7 +144,16 @@ impl MetalWork {
     }
 
     pub(crate) fn is_done(&self) -> bool {
-        let s = self.lock();
+        Self::done(&self.lock())
+    }
+
+    /// `is_done` without blocking: work another thread is waiting on counts
+    /// as running.
+    pub(crate) fn is_done_now(&self) -> bool {
+        self.state.try_lock().is_ok_and(|s| Self::done(&s))
+    }
+
+    fn done(s: &WorkState) -> bool {
         match (&s.encoder, s.completed) {
             (_, true) | (None, _) => true,
             (Some(enc), false) => matches!(

@@ -208,7 +208,7 @@ impl MetalBackend {
     /// Notes submitted work so `synchronize` can wait for it.
     pub(crate) fn track(&self, work: &Arc<MetalWork>) {
         let mut list = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|w| w.upgrade().is_some_and(|w| !w.is_done()));
+        list.retain(|w| w.upgrade().is_some_and(|w| !w.is_done_now()));
         list.push(Arc::downgrade(work));
     }
 
