@@ -411,15 +411,15 @@ impl<'e> GraphSession<'e> {
         for cb in &s.command_buffers {
             let prepared = self.prepare_cuda(cb, payloads)?;
             works.push(cuda.submit(prepared));
-            LiveCounters::add(&self.exec.counters.dispatches, cb.nodes.len() as u64);
-            LiveCounters::add(
+            crate::counters::LiveCounters::add(&self.exec.counters.dispatches, cb.nodes.len() as u64);
+            crate::counters::LiveCounters::add(
                 &self.exec.counters.barriers,
                 cb.level_count().saturating_sub(1) as u64,
             );
         }
         let counters = Arc::clone(&self.exec.counters);
-        LiveCounters::add(&counters.commits, 1);
-        LiveCounters::add(&counters.command_buffers, works.len() as u64);
+        crate::counters::LiveCounters::add(&counters.commits, 1);
+        crate::counters::LiveCounters::add(&counters.command_buffers, works.len() as u64);
         self.end_scopes();
         let inflight = InFlight {
             jobs: Vec::new(),

@@ -78,7 +78,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub no_fuse: bool,
     /// Where to run: `auto` (a GPU when this build and machine have one,
-    /// else the CPU, saying why), `cpu`, `cuda` or `cuda:N`.
+    /// else the CPU, saying why), `cpu`, `cuda`, `cuda:N` or `metal`.
     #[arg(long, default_value = "auto")]
     pub backend: String,
 }
@@ -138,6 +138,7 @@ impl ModelArgs {
         let device = match b {
             "cpu" => Device::Cpu,
             "cuda" => Device::Cuda(0),
+            "metal" => Device::Metal,
             "auto" => {
                 if cfg!(feature = "cuda") {
                     match Device::Cuda(0).unavailable_reason() {
@@ -151,7 +152,7 @@ impl ModelArgs {
             }
             other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(i)) => Device::Cuda(i),
-                _ => anyhow::bail!("--backend `{other}` is not one of: auto, cpu, cuda, cuda:N"),
+                _ => anyhow::bail!("--backend `{other}` is not one of: auto, cpu, cuda, cuda:N, metal"),
             },
         };
         if let Some(why) = device.unavailable_reason() {

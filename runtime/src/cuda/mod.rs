@@ -98,7 +98,10 @@ impl CudaBackend {
                     bytes: len as u64,
                     name: format!("cuda: {e:?}"),
                 })?;
-        let (ptr, _guard) = slice.device_ptr(&self.main);
+        let ptr = {
+            let (ptr, _guard) = slice.device_ptr(&self.main);
+            ptr
+        };
         Ok(DeviceBuffer {
             _slice: slice,
             ptr,

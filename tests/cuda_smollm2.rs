@@ -1,0 +1,97 @@
+//! SmolLM2 on the CUDA backend: greedy output identical to llama.cpp's
+//! reference (and so to the CPU backend's), logits bit-identical to the
+//! CPU's. Skipped with a message where CUDA is unavailable (CI has no GPU);
+//! `WEFT_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
+
+mod common;
+
+use weft::models::sampling::argmax;
+use weft::models::{LogitRows, Model};
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+
+fn cuda_or_skip() -> bool {
+    match Device::Cuda(0).unavailable_reason() {
+        None => true,
+        Some(why) => {
+            assert!(
+                std::env::var_os("WEFT_REQUIRE_CUDA").is_none(),
+                "WEFT_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
+            );
+            eprintln!("skipping: CUDA is unavailable ({why})");
+            false
+        }
+    }
+}
+
+fn load(device: Device) -> (GraphExecutor, Model) {
+    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+        .expect("model");
+    let config = ExecutorConfig {
+        threads: 2,
+        ..Default::default()
+    };
+    let mut exec = GraphExecutor::with_config(device, config).expect("executor");
+    let model = Model::load(&path, &mut exec).expect("load");
+    (exec, model)
+}
+
+#[test]
+fn greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let (mut gpu, model) = load(Device::Cuda(0));
+    let (mut cpu, cpu_model) = load(Device::Cpu);
+    let reference = common::reference_json("smollm2.json");
+    for (i, case) in reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .enumerate()
+    {
+        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
+        let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
+        let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
+        let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
+        let mut lg = model
+            .prefill(
+                &mut gpu,
+                &mut gc,
+                &ids,
+                &model.chunk_policy(),
+                LogitRows::Last,
+            )
+            .expect("gpu prefill");
+        let lc = cpu_model
+            .prefill(
+                &mut cpu,
+                &mut cc,
+                &ids,
+                &cpu_model.chunk_policy(),
+                LogitRows::Last,
+            )
+            .expect("cpu prefill");
+        let worst = lg
+            .iter()
+            .zip(&lc)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("prompt {i}: max |cuda - cpu| = {worst}");
+        let mut got = Vec::new();
+        for k in 0..want.len() {
+            let t = argmax(&lg) as u32;
+            got.push(t);
+            if k + 1 < want.len() {
+                lg = model
+                    .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
+                    .expect("gpu decode");
+            }
+        }
+        assert_eq!(got, want, "prompt {i}: greedy on CUDA");
+    }
+    let stats = gpu.graph_stats().expect("cuda stats");
+    eprintln!(
+        "graphs: {} captured, {} replayed, {} eager",
+        stats.0, stats.1, stats.2
+    );
+}
