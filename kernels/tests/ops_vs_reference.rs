@@ -370,6 +370,7 @@ fn dsv4_hyper_connections_match_reference() {
         hc,
         iters: 20,
         eps: 1e-6,
+        norm_eps: None,
     };
     let m = mem.f32_tensor(&[n, mix], &rng.vec(n * mix, 3.0)).unwrap();
     let scale = mem.f32_tensor(&[3], &[0.9, 1.2, 3.0]).unwrap();
@@ -389,6 +390,21 @@ fn dsv4_hyper_connections_match_reference() {
         1e-6,
         "hc_mix head",
     );
+    // The mixer outputs of raw streams, normalised by the streams' RMS.
+    let streams = mem
+        .f32_tensor(&[n, hc * d], &rng.vec(n * hc * d, 30.0))
+        .unwrap();
+    let normed = HcMixParams {
+        norm_eps: Some(1e-6),
+        ..params
+    };
+    compare(
+        &node(Op::HcMix(normed), vec![m, scale, base, streams], vec![co]),
+        &mem,
+        1e-5,
+        1e-3,
+        "hc_mix normalised",
+    );
     // Real coefficients for the collapse and the post-mix.
     let mut ref_mem = mem.clone();
     reference::run(&mix_node, &mut ref_mem).unwrap();
@@ -402,11 +418,26 @@ fn dsv4_hyper_connections_match_reference() {
     // f32 sums of hc (+1) products against f64: absolute errors of a few
     // ulps of the O(1) terms, hence the floor.
     compare(
-        &node(Op::HcCollapse { hc }, vec![x, co], vec![y]),
+        &node(Op::HcCollapse { hc, norm_eps: None }, vec![x, co], vec![y]),
         &mem,
         1e-5,
         0.5,
         "hc_collapse",
+    );
+    let w = mem.f32_tensor(&[d], &rng.vec(d, 1.0)).unwrap();
+    compare(
+        &node(
+            Op::HcCollapse {
+                hc,
+                norm_eps: Some(1e-6),
+            },
+            vec![x, co, w],
+            vec![y],
+        ),
+        &mem,
+        1e-5,
+        0.5,
+        "hc_collapse + rms_norm",
     );
     compare(
         &node(Op::HcExpand { hc }, vec![x, f, co], vec![x2]),
@@ -478,7 +509,7 @@ fn dsv4_compress_matches_reference() {
 
 #[test]
 fn dsv4_indexer_and_sink_attention_match_reference() {
-    use weft_ops::dsv4::{IndexerParams, SinkAttentionParams};
+    use weft_ops::dsv4::{IndexerParams, SinkAttentionParams, TailRopeParams};
     let mut rng = Rng(14);
     let (heads, d, ih, id) = (4, 64, 8, 32);
     // (queries, first position, window, ring, ratio, top_k)
@@ -537,6 +568,13 @@ fn dsv4_indexer_and_sink_attention_match_reference() {
                 ring,
                 ratio,
                 top_k,
+                out_rope: (ratio > 0).then_some(TailRopeParams {
+                    head_dim: d,
+                    n_dims: 16,
+                    base: 160000.0,
+                    yarn: None,
+                    inverse: true,
+                }),
             };
             let mut inputs = vec![q, win, rows, sinks];
             inputs.extend(selection);
@@ -619,6 +657,14 @@ fn dsv4_moe_ops_match_reference() {
         1e-5,
         1e-3,
         "moe_combine",
+    );
+    let shared = mem.f32_tensor(&[n, dm], &rng.vec(n * dm, 2.0)).unwrap();
+    compare(
+        &node(Op::MoeCombine, vec![y, w, shared], vec![c]),
+        &mem,
+        1e-5,
+        1e-2,
+        "moe_combine + shared",
     );
     // Indexed matmul: activations per token, then per (token, slot).
     for (dtype, k_in) in [(DType::F32, dm), (DType::Q8_0, dm), (DType::Q4_K, dm)] {

@@ -85,8 +85,11 @@ impl TailRopeParams {
 
 /// Hyper-connection mixing coefficients from the mixer's raw outputs.
 ///
-/// Input `m f32 [n, mix]` (the projection of the RMS-normalised, flattened
-/// streams), `scale f32 [3]` (or `[1]` for the head), `base f32 [mix]`.
+/// Inputs `m f32 [n, mix]` (the mixer's projection of the flattened
+/// streams), `scale f32 [3]` (or `[1]` for the head), `base f32 [mix]`, and
+/// with `norm_eps` the streams `x f32 [n, hc * d]`: `m` is then divided by
+/// `sqrt(mean(x^2) + norm_eps)` first (the mixer input's unweighted RMS
+/// norm, applied after the linear projection).
 /// Output `f32 [n, mix]`: for `mix = (2 + hc) hc` the row is
 /// `[pre (hc) | post (hc) | comb (hc x hc, row = source stream)]` with
 /// `pre = sigmoid(m s0 + b) + eps`, `post = 2 sigmoid(m s1 + b)` and comb
@@ -101,6 +104,8 @@ pub struct HcMixParams {
     pub iters: usize,
     /// `eps_hc`: added to `pre` and to every Sinkhorn denominator.
     pub eps: f32,
+    /// Normalise `m` by the RMS of the streams (fourth input), with this epsilon.
+    pub norm_eps: Option<f32>,
 }
 
 /// The KV compressor of one step: rows `first_row..first_row + rows` of a
@@ -165,6 +170,8 @@ pub struct IndexerParams {
 /// window positions `max(0, t - window + 1)..=t` and compressed rows `w <
 /// (t + 1) / ratio` (all of them, or the selected ones). Scores are `scale
 /// q . k`; the sink `e^{z_h}` joins each head's softmax denominator only.
+/// With `out_rope`, each head's output is rotated by it at the query
+/// position (DeepSeek-V4's inverse RoPE on the output).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SinkAttentionParams {
     /// Query heads.
@@ -183,6 +190,8 @@ pub struct SinkAttentionParams {
     pub ratio: u32,
     /// Selected rows per query (0: every visible row, no selection input).
     pub top_k: usize,
+    /// A rotation of each head's output at the query position.
+    pub out_rope: Option<TailRopeParams>,
 }
 
 /// How a MoE layer picks its experts.

@@ -207,12 +207,15 @@ pub enum Op {
     /// the head), `base f32 [mix]`; output `f32 [n, mix]`. See
     /// [`crate::dsv4::HcMixParams`].
     HcMix(crate::dsv4::HcMixParams),
-    /// Collapse of `hc` streams: `out = sum_k coeffs[k] x[k]`; inputs `x
+    /// Collapse of `hc` streams: `y = sum_k coeffs[k] x[k]`; inputs `x
     /// f32 [n, hc * d]`, `coeffs f32 [n, c >= hc]` (the first `hc` columns
-    /// are used); output `f32 [n, d]`.
+    /// are used) and, with `norm_eps`, a weight `f32 [d]`: the output is
+    /// then `rms_norm(y) * weight`; output `f32 [n, d]`.
     HcCollapse {
         /// Number of streams.
         hc: usize,
+        /// RMS-normalise the collapsed row with this epsilon (and the weight input).
+        norm_eps: Option<f32>,
     },
     /// Hyper-connection post-mix: stream `j` of the output is `post[j] f +
     /// sum_a comb[a][j] x[a]`; inputs `x f32 [n, hc * d]`, `f f32 [n, d]`,

@@ -42,8 +42,8 @@ pub(super) unsafe fn run_item(
     let out = &outs[0];
     match &node.op {
         Op::TailRope(p) => tail_rope::tail_rope(&ins[0], &ins[1], out, p, units),
-        Op::HcMix(p) => hyper::hc_mix(&ins[0], &ins[1], &ins[2], out, p, units),
-        Op::HcCollapse { hc } => hyper::hc_collapse(&ins[0], &ins[1], out, *hc, units),
+        Op::HcMix(p) => hyper::hc_mix(ins, out, p, units),
+        Op::HcCollapse { hc, norm_eps } => hyper::hc_collapse(ins, out, *hc, *norm_eps, units),
         Op::HcExpand { hc } => hyper::hc_expand(&ins[0], &ins[1], &ins[2], out, *hc, units),
         Op::Compress(p) => compress::compress(ins, out, p, units),
         Op::IndexerTopK(p) => compress::indexer_topk(&ins[0], &ins[1], &ins[2], out, p, units),
@@ -52,7 +52,7 @@ pub(super) unsafe fn run_item(
         Op::MoeRoute(p) => moe::route(ins, out, p, units),
         Op::MoeWeights(p) => moe::weights(&ins[0], &ins[1], out, p, units),
         Op::SwigluClamp { limit } => moe::swiglu_clamp(&ins[0], &ins[1], out, *limit, units),
-        Op::MoeCombine => moe::combine(&ins[0], &ins[1], out, units),
+        Op::MoeCombine => moe::combine(ins, out, units),
         other => Err(OpError::Unsupported {
             op: other.name(),
             what: "the CPU's DeepSeek-V4 dispatch".into(),

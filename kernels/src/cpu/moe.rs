@@ -246,17 +246,20 @@ pub(super) unsafe fn swiglu_clamp(
     Ok(())
 }
 
+/// `out = sum_j w[j] y[j]`, plus the shared expert's output when given.
+///
 /// # Safety
 /// See [`super::run_item`].
 pub(super) unsafe fn combine(
-    y: &HostTensor,
-    w: &HostTensor,
+    ins: &[HostTensor],
     out: &HostTensor,
     rows: Range<usize>,
 ) -> Result<(), OpError> {
+    let (y, w) = (&ins[0], &ins[1]);
     let (yc, k) = (y.tensor.cols(), w.tensor.cols());
     let d = yc / k;
     let (yv, wv) = (y.f32s(), w.f32s());
+    let shared = ins.get(2).map(|t| t.f32s());
     let o = out.f32_rows_mut(rows.start, rows.len());
     for (i, r) in rows.enumerate() {
         let dst = &mut o[i * d..(i + 1) * d];
@@ -265,6 +268,11 @@ pub(super) unsafe fn combine(
             let wt = wv[r * k + j];
             let src = &yv[r * yc + j * d..r * yc + (j + 1) * d];
             dst.iter_mut().zip(src).for_each(|(a, b)| *a += wt * b);
+        }
+        if let Some(s) = shared {
+            dst.iter_mut()
+                .zip(&s[r * d..(r + 1) * d])
+                .for_each(|(a, b)| *a += b);
         }
     }
     Ok(())

@@ -90,6 +90,8 @@ pub(super) unsafe fn sink_attention(
     let (qv, sv) = (q.f32s(), sinks.f32s());
     let o = out.ptr as *mut f32;
     let n_rows = rows.tensor.rows();
+    let out_rope = p.out_rope.map(|r| (r, r.inv_freq()));
+    let mut angles = Vec::new();
     KEYS.with(|keys| {
         SCRATCH.with(|scratch| {
             let mut keys = keys.borrow_mut();
@@ -123,6 +125,17 @@ pub(super) unsafe fn sink_attention(
                     let v = row(if src == 0 { win } else { rows }, r, d, buf);
                     let w = e / den;
                     dst.iter_mut().zip(v).for_each(|(a, b)| *a += w * b);
+                }
+                if let Some((rope, freqs)) = &out_rope {
+                    let t = p.q_position as i32 + i as i32;
+                    rope.angles(freqs, t, &mut angles);
+                    let nope = d - rope.n_dims;
+                    for (m, &(c, s)) in angles.iter().enumerate() {
+                        let j = nope + 2 * m;
+                        let (a, b) = (dst[j], dst[j + 1]);
+                        dst[j] = a * c - b * s;
+                        dst[j + 1] = a * s + b * c;
+                    }
                 }
             }
             Ok(())

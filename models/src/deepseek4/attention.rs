@@ -137,7 +137,6 @@ impl DeepSeek4 {
             };
             self.record_lane_attention(s, l, w, &io, lane, lane_comp.as_ref(), sel)?;
         }
-        let o = s.tail_rope(o, step.positions, c.rope(l, hd, true), p("attn_out_rope"))?;
         let groups = c.out_groups;
         let ids: Vec<i32> = (0..n).flat_map(|_| 0..groups as i32).collect();
         let ids = s.upload_i32(&ids, p("attn_output_groups"))?;
@@ -191,6 +190,7 @@ impl DeepSeek4 {
             None => (win.k.rows_view(0, 1)?, 0),
         };
         let params = SinkAttentionParams {
+            out_rope: Some(c.rope(l, c.head_dim, true)),
             heads: c.heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),

@@ -138,8 +138,7 @@ impl DeepSeek4 {
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let p = |name: &str| format!("blk.{l}.{name}");
-        let (xin, co) = self.hc_pre(s, x, &w.hc_attn, &p("hc_attn"))?;
-        let h = s.rms_norm(xin, w.attn_norm, c.rms_eps, p("attn_norm"))?;
+        let (h, co) = self.hc_pre(s, x, &w.hc_attn, w.attn_norm, &p("hc_attn"))?;
         let f = self.record_attention(s, l, w, step, h)?;
         s.push(
             Op::HcExpand { hc: c.hc },
@@ -147,8 +146,7 @@ impl DeepSeek4 {
             vec![y],
             p("hc_attn.post"),
         )?;
-        let (xin, co) = self.hc_pre(s, y, &w.hc_ffn, &p("hc_ffn"))?;
-        let h = s.rms_norm(xin, w.ffn_norm, c.rms_eps, p("ffn_norm"))?;
+        let (h, co) = self.hc_pre(s, y, &w.hc_ffn, w.ffn_norm, &p("hc_ffn"))?;
         let f = self.record_moe(s, l, w, step, h)?;
         s.push(
             Op::HcExpand { hc: c.hc },
@@ -161,30 +159,36 @@ impl DeepSeek4 {
         Ok(())
     }
 
-    /// Pre-mix: the collapsed sublayer input and the coefficients.
+    /// Pre-mix: the coefficients, and the collapsed streams normalised
+    /// with the sublayer's `norm` (the sublayer's input). The mixer runs on
+    /// the raw streams; `hc_mix` divides its outputs by the streams' RMS
+    /// (the unweighted norm of FORMAT.md 3.3, moved past the linear map).
     fn hc_pre(
         &self,
         s: &mut GraphSession<'_>,
         x: Tensor,
         site: &HcSite,
+        norm: Tensor,
         label: &str,
     ) -> Result<(Tensor, Tensor), ModelError> {
         let c = &self.config;
-        let xn = s.rms_norm(
-            x,
-            self.weights.ones_streams,
-            c.rms_eps,
-            format!("{label}.norm"),
-        )?;
-        let m = s.matmul(xn, site.mixer, format!("{label}.fn"))?;
+        let m = s.matmul(x, site.mixer, format!("{label}.fn"))?;
         let params = HcMixParams {
             hc: c.hc,
             iters: c.sinkhorn_iters,
             eps: c.hc_eps,
+            norm_eps: Some(c.rms_eps),
         };
-        let co = s.hc_mix(m, site.scale, site.base, params, format!("{label}.mix"))?;
-        let xin = s.hc_collapse(x, co, c.hc, format!("{label}.pre"))?;
-        Ok((xin, co))
+        let co = s.hc_mix(
+            m,
+            site.scale,
+            site.base,
+            Some(x),
+            params,
+            format!("{label}.mix"),
+        )?;
+        let h = s.hc_collapse(x, co, c.hc, Some((norm, c.rms_eps)), format!("{label}.pre"))?;
+        Ok((h, co))
     }
 
     /// The MoE: routed experts (hash or top-k routing) plus the shared expert.
@@ -229,35 +233,28 @@ impl DeepSeek4 {
         let a = s.swiglu_clamp(g, u, c.clamp_exp[l], p("ffn_swiglu"))?;
         let a = a.reshape(&[n * c.experts_used, c.expert_ff])?;
         let y = s.matmul_id(a, w.down_exps, ids, p("ffn_down_exps"))?;
-        let routed = s.moe_combine(y, weights, p("ffn_combine"))?;
         let gs = s.matmul(x, w.gate_shexp, p("ffn_gate_shexp"))?;
         let us = s.matmul(x, w.up_shexp, p("ffn_up_shexp"))?;
         let a = s.swiglu_clamp(gs, us, c.clamp_shexp[l], p("ffn_swiglu_shexp"))?;
         let shared = s.matmul(a, w.down_shexp, p("ffn_down_shexp"))?;
-        s.add_into(routed, shared, p("ffn_out"))?;
-        Ok(routed)
+        Ok(s.moe_combine(y, weights, Some(shared), p("ffn_combine"))?)
     }
 
     /// The head: collapse the streams (pre only), norm, logits.
     fn record_head(&self, s: &mut GraphSession<'_>, x: Tensor) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let w = &self.weights;
-        let xn = s.rms_norm(x, w.ones_streams, c.rms_eps, "output_hc.norm")?;
-        let m = s.matmul(xn, w.output_hc.mixer, "output_hc.fn")?;
+        let m = s.matmul(x, w.output_hc.mixer, "output_hc.fn")?;
         let params = HcMixParams {
             hc: c.hc,
             iters: c.sinkhorn_iters,
             eps: c.hc_eps,
+            norm_eps: Some(c.rms_eps),
         };
-        let pre = s.hc_mix(
-            m,
-            w.output_hc.scale,
-            w.output_hc.base,
-            params,
-            "output_hc.mix",
-        )?;
-        let y = s.hc_collapse(x, pre, c.hc, "output_hc.pre")?;
-        let z = s.rms_norm(y, w.output_norm, c.rms_eps, "output_norm")?;
+        let (scale, base) = (w.output_hc.scale, w.output_hc.base);
+        let pre = s.hc_mix(m, scale, base, Some(x), params, "output_hc.mix")?;
+        let norm = Some((w.output_norm, c.rms_eps));
+        let z = s.hc_collapse(x, pre, c.hc, norm, "output_hc.pre")?;
         Ok(s.matmul(z, w.output, "output")?)
     }
 }

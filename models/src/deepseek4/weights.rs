@@ -110,8 +110,6 @@ pub struct Dsv4Weights {
     pub output_hc: HcSite,
     pub output_norm: Tensor,
     pub output: Tensor,
-    /// Ones `f32 [hc * D]`: the weight of the unweighted stream norm.
-    pub ones_streams: Tensor,
     /// Ones `f32 [d]`: the weight of the per-head query norm.
     pub ones_head: Tensor,
 }
@@ -354,7 +352,6 @@ impl Dsv4Weights {
             output_hc: ld.hc_site("output_hc", c, 1, c.hc)?,
             output_norm: ld.f32("output_norm.weight", &[c.hidden])?,
             output: ld.get("output.weight", &[c.vocab, c.hidden], is_matrix_type)?,
-            ones_streams: ld.constant(c.hc * c.hidden, 1.0, "deepseek4.ones_streams")?,
             ones_head: ld.constant(c.head_dim, 1.0, "deepseek4.ones_head")?,
         })
     }

@@ -33,41 +33,42 @@ pub trait Dsv4Builder: Builder {
         )
     }
 
-    /// Hyper-connection coefficients from the mixer outputs `m`.
+    /// Hyper-connection coefficients from the mixer outputs `m`; with
+    /// `p.norm_eps`, `streams` (the mixer's input) must be given and `m` is
+    /// divided by its RMS first.
     fn hc_mix(
         &mut self,
         m: Tensor,
         scale: Tensor,
         base: Tensor,
+        streams: Option<Tensor>,
         p: HcMixParams,
         label: impl Into<Label>,
     ) -> Result<Tensor, OpError> {
         let dims = m.shape;
-        self.push_new(
-            Op::HcMix(p),
-            vec![m, scale, base],
-            DType::F32,
-            dims.dims(),
-            label,
-        )
+        let mut inputs = vec![m, scale, base];
+        inputs.extend(streams);
+        self.push_new(Op::HcMix(p), inputs, DType::F32, dims.dims(), label)
     }
 
-    /// `sum_k coeffs[k] x[k]` over the `hc` streams of `x`.
+    /// `sum_k coeffs[k] x[k]` over the `hc` streams of `x`, then (with
+    /// `norm`: weight and epsilon) its RMS norm.
     fn hc_collapse(
         &mut self,
         x: Tensor,
         coeffs: Tensor,
         hc: usize,
+        norm: Option<(Tensor, f32)>,
         label: impl Into<Label>,
     ) -> Result<Tensor, OpError> {
         let dims = [x.rows(), x.cols() / hc.max(1)];
-        self.push_new(
-            Op::HcCollapse { hc },
-            vec![x, coeffs],
-            DType::F32,
-            &dims,
-            label,
-        )
+        let mut inputs = vec![x, coeffs];
+        inputs.extend(norm.map(|n| n.0));
+        let op = Op::HcCollapse {
+            hc,
+            norm_eps: norm.map(|n| n.1),
+        };
+        self.push_new(op, inputs, DType::F32, &dims, label)
     }
 
     /// The post-mix: new streams from the old ones and the sublayer output `f`.
@@ -206,15 +207,18 @@ pub trait Dsv4Builder: Builder {
         )
     }
 
-    /// `sum_j weights[j] y[j]` per row (`y [n, k * d]`, output `[n, d]`).
+    /// `sum_j weights[j] y[j] (+ shared)` per row (`y [n, k * d]`, output `[n, d]`).
     fn moe_combine(
         &mut self,
         y: Tensor,
         weights: Tensor,
+        shared: Option<Tensor>,
         label: impl Into<Label>,
     ) -> Result<Tensor, OpError> {
         let dims = [y.rows(), y.cols() / weights.cols().max(1)];
-        self.push_new(Op::MoeCombine, vec![y, weights], DType::F32, &dims, label)
+        let mut inputs = vec![y, weights];
+        inputs.extend(shared);
+        self.push_new(Op::MoeCombine, inputs, DType::F32, &dims, label)
     }
 }
 

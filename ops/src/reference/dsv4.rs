@@ -16,8 +16,8 @@ pub(super) fn run(node: &OpNode, mem: &HostMemory) -> Result<Vec<u8>, OpError> {
     let out = &node.outputs[0];
     match &node.op {
         Op::TailRope(p) => tail_rope(mem, &ins[0], &ins[1], p),
-        Op::HcMix(p) => hc_mix(mem, &ins[0], &ins[1], &ins[2], p),
-        Op::HcCollapse { hc } => hc_collapse(mem, &ins[0], &ins[1], *hc),
+        Op::HcMix(p) => hc_mix(mem, ins, p),
+        Op::HcCollapse { hc, norm_eps } => hc_collapse(mem, ins, *hc, *norm_eps),
         Op::HcExpand { hc } => hc_expand(mem, &ins[0], &ins[1], &ins[2], *hc),
         Op::Compress(p) => compress(mem, &ins[0], &ins[1], &ins[2], &ins[3], out, p),
         Op::IndexerTopK(p) => indexer_topk(mem, &ins[0], &ins[1], &ins[2], p),
@@ -34,7 +34,7 @@ pub(super) fn run(node: &OpNode, mem: &HostMemory) -> Result<Vec<u8>, OpError> {
                     .collect(),
             ))
         }
-        Op::MoeCombine => moe_combine(mem, &ins[0], &ins[1]),
+        Op::MoeCombine => moe_combine(mem, ins),
         other => Err(OpError::Unsupported {
             op: other.name(),
             what: "the DeepSeek-V4 reference".into(),
@@ -129,14 +129,16 @@ pub fn hc_mix_row(m: &[f32], scale: &[f32], base: &[f32], p: &HcMixParams, out: 
     }
 }
 
-fn hc_mix(
-    mem: &HostMemory,
-    m: &Tensor,
-    scale: &Tensor,
-    base: &Tensor,
-    p: &HcMixParams,
-) -> Result<Vec<u8>, OpError> {
-    let (mv, s, b) = (mem.to_f32(m)?, mem.to_f32(scale)?, mem.to_f32(base)?);
+fn hc_mix(mem: &HostMemory, ins: &[Tensor], p: &HcMixParams) -> Result<Vec<u8>, OpError> {
+    let (m, scale, base) = (&ins[0], &ins[1], &ins[2]);
+    let (mut mv, s, b) = (mem.to_f32(m)?, mem.to_f32(scale)?, mem.to_f32(base)?);
+    if let (Some(eps), Some(x)) = (p.norm_eps, ins.get(3)) {
+        let xv = mem.to_f32(x)?;
+        for (row, xr) in mv.chunks_mut(m.cols()).zip(xv.chunks(x.cols())) {
+            let inv = inv_rms(xr, eps);
+            row.iter_mut().for_each(|v| *v = (*v as f64 * inv) as f32);
+        }
+    }
     let mut out = vec![0f32; mv.len()];
     for (row, o) in mv.chunks(m.cols()).zip(out.chunks_mut(m.cols())) {
         hc_mix_row(row, &s, &b, p, o);
@@ -144,14 +146,34 @@ fn hc_mix(
     Ok(f32_bytes(out))
 }
 
-fn hc_collapse(mem: &HostMemory, x: &Tensor, co: &Tensor, hc: usize) -> Result<Vec<u8>, OpError> {
+/// `1 / sqrt(mean(x^2) + eps)` in f64.
+fn inv_rms(x: &[f32], eps: f32) -> f64 {
+    let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+    1.0 / (ms + eps as f64).sqrt()
+}
+
+fn hc_collapse(
+    mem: &HostMemory,
+    ins: &[Tensor],
+    hc: usize,
+    norm_eps: Option<f32>,
+) -> Result<Vec<u8>, OpError> {
+    let (x, co) = (&ins[0], &ins[1]);
     let (xv, cv) = (mem.to_f32(x)?, mem.to_f32(co)?);
+    let weight = ins.get(2).map(|w| mem.to_f32(w)).transpose()?;
     let d = x.cols() / hc;
     let mut out = Vec::with_capacity(x.rows() * d);
     for (row, c) in xv.chunks(x.cols()).zip(cv.chunks(co.cols())) {
-        for i in 0..d {
-            let v: f64 = (0..hc).map(|k| c[k] as f64 * row[k * d + i] as f64).sum();
-            out.push(v as f32);
+        let y: Vec<f64> = (0..d)
+            .map(|i| (0..hc).map(|k| c[k] as f64 * row[k * d + i] as f64).sum())
+            .collect();
+        match (norm_eps, &weight) {
+            (Some(eps), Some(w)) => {
+                let ms = y.iter().map(|v| v * v).sum::<f64>() / d as f64;
+                let inv = 1.0 / (ms + eps as f64).sqrt();
+                out.extend(y.iter().zip(w).map(|(v, g)| (v * inv * *g as f64) as f32));
+            }
+            _ => out.extend(y.iter().map(|&v| v as f32)),
         }
     }
     Ok(f32_bytes(out))
@@ -370,6 +392,17 @@ fn sink_attention(
                 let pr = (s - mx).exp() / den;
                 o.iter_mut().zip(*k).for_each(|(a, b)| *a += pr * *b as f64);
             }
+            if let Some(r) = &p.out_rope {
+                let mut angles = Vec::new();
+                r.angles(&r.inv_freq(), t as i32, &mut angles);
+                let nope = d - r.n_dims;
+                for (m, &(c, s)) in angles.iter().enumerate() {
+                    let j = nope + 2 * m;
+                    let (a, b) = (o[j], o[j + 1]);
+                    o[j] = a * c as f64 - b * s as f64;
+                    o[j + 1] = a * s as f64 + b * c as f64;
+                }
+            }
         }
     }
     Ok(f32_bytes(out.into_iter().map(|v| v as f32).collect()))
@@ -484,14 +517,19 @@ fn moe_weights(
     Ok(f32_bytes(out))
 }
 
-fn moe_combine(mem: &HostMemory, y: &Tensor, w: &Tensor) -> Result<Vec<u8>, OpError> {
+fn moe_combine(mem: &HostMemory, ins: &[Tensor]) -> Result<Vec<u8>, OpError> {
+    let (y, w) = (&ins[0], &ins[1]);
     let (yv, wv) = (mem.to_f32(y)?, mem.to_f32(w)?);
+    let shared = ins.get(2).map(|t| mem.to_f32(t)).transpose()?;
     let k = w.cols();
     let d = y.cols() / k;
     let mut out = Vec::with_capacity(y.rows() * d);
-    for (row, wr) in yv.chunks(y.cols()).zip(wv.chunks(k)) {
+    for (r, (row, wr)) in yv.chunks(y.cols()).zip(wv.chunks(k)).enumerate() {
         for i in 0..d {
-            let v: f64 = (0..k).map(|j| wr[j] as f64 * row[j * d + i] as f64).sum();
+            let mut v: f64 = (0..k).map(|j| wr[j] as f64 * row[j * d + i] as f64).sum();
+            if let Some(s) = &shared {
+                v += s[r * d + i] as f64;
+            }
             out.push(v as f32);
         }
     }
@@ -541,6 +579,7 @@ mod tests {
             hc: 4,
             iters: 20,
             eps: 1e-6,
+            norm_eps: None,
         };
         let m: Vec<f32> = (0..24).map(|i| ((i * 7) % 11) as f32 * 0.5 - 2.0).collect();
         let mut out = vec![0f32; 24];

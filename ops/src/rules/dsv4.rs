@@ -49,8 +49,17 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             }
         }
         Op::HcMix(p) => {
-            arity(&[3], 1)?;
+            arity(&[if p.norm_eps.is_some() { 4 } else { 3 }], 1)?;
             all_f32(name, &[&ins[0], &ins[1], &ins[2], &outs[0]])?;
+            if let Some(x) = ins.get(3) {
+                dtype(name, x, &[DType::F32])?;
+                if x.rows() != ins[0].rows() || x.cols() % p.hc.max(1) != 0 {
+                    return bad(format!(
+                        "streams {:?} for mixer outputs {:?}",
+                        x.shape, ins[0].shape
+                    ));
+                }
+            }
             same_shape(name, &ins[0], &outs[0])?;
             let mix = ins[0].cols();
             let full = (2 + p.hc) * p.hc;
@@ -69,10 +78,20 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
                 ));
             }
         }
-        Op::HcCollapse { hc } => {
-            arity(&[2], 1)?;
+        Op::HcCollapse { hc, norm_eps } => {
+            arity(&[if norm_eps.is_some() { 3 } else { 2 }], 1)?;
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             let (x, co, y) = (&ins[0], &ins[1], &outs[0]);
+            if let Some(w) = ins.get(2) {
+                dtype(name, w, &[DType::F32])?;
+                if elems(w) != y.cols() {
+                    return bad(format!(
+                        "norm weight {:?} for rows of {}",
+                        w.shape,
+                        y.cols()
+                    ));
+                }
+            }
             if *hc == 0
                 || x.cols() != hc * y.cols()
                 || co.cols() < *hc
@@ -170,6 +189,8 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
                 || p.window == 0
                 || p.window > p.ring
                 || has_selection != (p.top_k > 0)
+                || p.out_rope
+                    .is_some_and(|r| r.head_dim != p.head_dim || r.n_dims > p.head_dim)
             {
                 return bad(format!(
                     "{} heads of {}, window {} in a ring of {}, top-{}: q {:?}, window {:?}, rows {:?}, sinks {:?}, {} inputs",
@@ -276,9 +297,13 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             }
         }
         Op::MoeCombine => {
-            arity(&[2], 1)?;
+            arity(&[2, 3], 1)?;
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             let (y, w, o) = (&ins[0], &ins[1], &outs[0]);
+            if let Some(shared) = ins.get(2) {
+                dtype(name, shared, &[DType::F32])?;
+                same_shape(name, shared, o)?;
+            }
             if w.rows() != y.rows() || o.rows() != y.rows() || y.cols() != w.cols() * o.cols() {
                 return bad(format!(
                     "expert outputs {:?} with weights {:?} into {:?}",
