@@ -219,13 +219,13 @@ impl Dsv4Config {
                 c.layers, c.hidden, c.heads, c.head_dim, c.vocab
             )));
         }
-        if c.rope_dims == 0 || c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim {
+        if c.rope_dims == 0 || !c.rope_dims.is_multiple_of(2) || c.rope_dims > c.head_dim {
             return Err(shape(format!(
                 "rope.dimension_count {} for heads of {}",
                 c.rope_dims, c.head_dim
             )));
         }
-        if c.out_groups == 0 || c.heads % c.out_groups != 0 {
+        if c.out_groups == 0 || !c.heads.is_multiple_of(c.out_groups) {
             return Err(shape(format!(
                 "{} heads in {} output groups",
                 c.heads, c.out_groups

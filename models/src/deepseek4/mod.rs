@@ -4,13 +4,13 @@
 //!
 //! | feature | here |
 //! |---|---|
-//! | `hc` residual streams mixed by hyper-connections (pre/post/Sinkhorn comb) | `forward.rs`; ops `hc_mix`, `hc_collapse`, `hc_expand` |
-//! | attention over a 128-token window plus compressed rows, with sinks | `attention.rs`; op `sink_attention` |
-//! | KV compressor: gated pooling of `c` tokens (overlapping for CSA, `c = 4`) | `attention.rs`; op `compress`, then `rms_norm` and `tail_rope` at the window start |
+//! | `hc` residual streams mixed by hyper-connections (pre/post/Sinkhorn comb) | `forward.rs`; ops `hc_mix` (with the streams' RMS), `hc_collapse` (with the sublayer norm), `hc_expand` |
+//! | attention over a 128-token window plus compressed rows, with sinks; inverse RoPE on the output | `attention.rs`; op `sink_attention` |
+//! | KV compressor: gated pooling of `c` tokens (overlapping for CSA, `c = 4`), row norm, RoPE at the window start | `attention.rs`; op `compress`, writing the cache's row table |
 //! | lightning indexer choosing the top-k compressed rows (CSA) | op `indexer_topk` |
-//! | partial interleaved RoPE, two bases, YaRN on compressed layers; inverse RoPE on the output | op `tail_rope` |
+//! | partial interleaved RoPE (last `r` dims), two bases, YaRN on compressed layers | op `tail_rope` (and inside `compress`, `sink_attention`) |
 //! | grouped low-rank output projection | op `matmul_id` over the groups |
-//! | MoE: sqrt-softplus router, selection bias, hash routing on the first layers, clamped SwiGLU, shared expert | `forward.rs`; ops `moe_route`, `moe_weights`, `matmul_id`, `swiglu_clamp`, `moe_combine` |
+//! | MoE: sqrt-softplus router, selection bias, hash routing on the first layers, clamped SwiGLU, shared expert | `forward.rs`; ops `moe_route`, `moe_weights`, `matmul_id`, `swiglu_clamp`, `moe_combine` (adds the shared expert) |
 //! | cache: window ring, compressor state, compressed and indexer rows | `cache.rs` (all inside a `KvCache`) |
 //!
 //! Files: `config.rs` (metadata), `weights.rs` (names, shapes, types),

@@ -291,8 +291,7 @@ impl RefModel {
         for t in 0..h.len() {
             let lo = (t + 1).saturating_sub(c.window as usize);
             let mut keys: Vec<&[f64]> = (lo..=t).map(|p| kv[p].as_slice()).collect();
-            if ratio != 0 {
-                let visible = (t + 1) / ratio;
+            if let Some(visible) = (t + 1).checked_div(ratio) {
                 match &selection {
                     Some(sel) => keys.extend(sel[t].iter().map(|&w| rows[w].as_slice())),
                     None => keys.extend(rows[..visible].iter().map(Vec::as_slice)),

@@ -90,14 +90,14 @@ fn tail_rope(
 pub fn hc_mix_row(m: &[f32], scale: &[f32], base: &[f32], p: &HcMixParams, out: &mut [f32]) {
     let (hc, eps) = (p.hc, p.eps as f64);
     let lin = |j: usize, s: f32| m[j] as f64 * s as f64 + base[j] as f64;
-    for k in 0..hc {
-        out[k] = (sigmoid(lin(k, scale[0])) + eps) as f32;
+    for (k, o) in out[..hc].iter_mut().enumerate() {
+        *o = (sigmoid(lin(k, scale[0])) + eps) as f32;
     }
     if m.len() == hc {
         return;
     }
-    for k in 0..hc {
-        out[hc + k] = (2.0 * sigmoid(lin(hc + k, scale[1]))) as f32;
+    for (k, o) in out[hc..2 * hc].iter_mut().enumerate() {
+        *o = (2.0 * sigmoid(lin(hc + k, scale[1]))) as f32;
     }
     let mut c = vec![0f64; hc * hc];
     for a in 0..hc {

@@ -289,7 +289,7 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &ins[1], &outs[0]])?;
             same_shape(name, &ins[0], &ins[1])?;
             same_shape(name, &ins[0], &outs[0])?;
-            if !(*limit > 0.0) {
+            if limit.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
                 return Err(OpError::Param {
                     op: name,
                     message: format!("the clamp limit must be positive, got {limit}"),
