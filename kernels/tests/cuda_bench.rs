@@ -176,8 +176,9 @@ fn time_case(g: &Gpu, case: &Case) -> (f64, f64) {
         enqueue(g, &stream, &p, i);
     }
     stream.synchronize().unwrap();
-    let start = g.ctx.new_event(None).unwrap();
-    let end = g.ctx.new_event(None).unwrap();
+    let timing = Some(weft_kernels::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = g.ctx.new_event(timing).unwrap();
+    let end = g.ctx.new_event(timing).unwrap();
     start.record(&stream).unwrap();
     for i in 0..REPS {
         enqueue(g, &stream, &p, i);
@@ -231,6 +232,37 @@ fn kernel_timings_at_smollm2_shapes() {
         (
             node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]),
             3 * d * 4,
+        )
+    }));
+    cases.push(simple_case(
+        "rms_norm 1x576 of ones (sequential fallback)",
+        |m| {
+            let ones = vec![1.0f32; d];
+            let x = m.f32_tensor(&[1, d], &ones).unwrap();
+            let w = m.f32_tensor(&[d], &ones).unwrap();
+            let o = m.zeros(DType::F32, &[1, d]).unwrap();
+            (
+                node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]),
+                3 * d * 4,
+            )
+        },
+    ));
+    cases.push(simple_case("rms_norm+quantize q8_1 1x576 (fused)", |m| {
+        let x = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+        let w = m.f32_tensor(&[d], &x1[..d]).unwrap();
+        let o = m.zeros(DType::Q8_1, &[1, d]).unwrap();
+        (
+            node(Op::RmsNormQuantize { eps: 1e-5 }, vec![x, w], vec![o]),
+            2 * d * 4 + 18 * 36,
+        )
+    }));
+    cases.push(simple_case("silu_mul+quantize q8_1 1x1536 (fused)", |m| {
+        let a = m.f32_tensor(&[1, 1536], &x1).unwrap();
+        let b = m.f32_tensor(&[1, 1536], &x1).unwrap();
+        let o = m.zeros(DType::Q8_1, &[1, 1536]).unwrap();
+        (
+            node(Op::SiluMulQuantize, vec![a, b], vec![o]),
+            2 * 1536 * 4 + 48 * 36,
         )
     }));
     cases.push(simple_case("quantize q8_1 1x576", |m| {
@@ -315,21 +347,32 @@ fn kernel_timings_at_smollm2_shapes() {
         let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
         (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
     }));
+    if let Ok(filter) = std::env::var("WEFT_BENCH_FILTER") {
+        cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
+    }
     let Some(g) = g else {
         println!("dry run: {} cases built", cases.len());
         return;
     };
     println!();
     println!(
-        "{:<44} {:>12} {:>12} {:>10}",
+        "{:<52} {:>10} {:>10} {:>8}",
         "kernel", "graph µs", "eager µs", "GB/s"
     );
     for case in &cases {
         let (graph, eager) = time_case(g, case);
         let gbs = case.bytes as f64 / (graph * 1e-6) / 1e9;
         println!(
-            "{:<44} {:>12.2} {:>12.2} {:>10.0}",
+            "{:<52} {:>10.2} {:>10.2} {:>8.0}",
             case.name, graph, eager, gbs
         );
+        if case.name.contains("rms_norm") {
+            // The same with the f64 sum done by one lane, in order.
+            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "sequential");
+            let (graph, eager) = time_case(g, case);
+            std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
+            let name = "  same, sequential f64 sum";
+            println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
+        }
     }
 }

@@ -238,19 +238,40 @@ fn norms_bit_exact() {
         })
         .collect();
     shapes.push((1, 576, ties));
-    for (rows, cols, values) in shapes {
-        let mut mem = HostMemory::default();
-        let x = mem.f32_tensor(&[rows, cols], &values).unwrap();
-        let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
-        let b = mem.f32_tensor(&[cols], &rng.vec(cols, 0.5)).unwrap();
-        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
-        let n = node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]);
-        check_exact(g, &format!("rms_norm {rows}x{cols}"), &n, &mut mem);
-        let n = node(Op::LayerNorm { eps: 1e-6 }, vec![x, w, b], vec![o]);
-        check_exact(g, &format!("layer_norm {rows}x{cols}"), &n, &mut mem);
-        let n = node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]);
-        check_exact(g, &format!("softmax {rows}x{cols}"), &n, &mut mem);
+    // Both ways of reproducing the f64 sums (see F64_SUM_ENV) must agree.
+    for method in ["parallel", "sequential"] {
+        std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, method);
+        for (rows, cols, values) in &shapes {
+            let mut mem = HostMemory::default();
+            let (rows, cols) = (*rows, *cols);
+            let x = mem.f32_tensor(&[rows, cols], values).unwrap();
+            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+            let b = mem.f32_tensor(&[cols], &rng.vec(cols, 0.5)).unwrap();
+            let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+            let n = node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]);
+            check_exact(
+                g,
+                &format!("rms_norm {rows}x{cols} ({method})"),
+                &n,
+                &mut mem,
+            );
+            let n = node(Op::LayerNorm { eps: 1e-6 }, vec![x, w, b], vec![o]);
+            check_exact(
+                g,
+                &format!("layer_norm {rows}x{cols} ({method})"),
+                &n,
+                &mut mem,
+            );
+            let n = node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]);
+            check_exact(
+                g,
+                &format!("softmax {rows}x{cols} ({method})"),
+                &n,
+                &mut mem,
+            );
+        }
     }
+    std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
 }
 
 #[test]
@@ -288,7 +309,7 @@ fn exact_sequential_sum_matches_the_cpu_loop() {
         for t in ts {
             want += t;
         }
-        let got = weft_kernels::cuda::testing::seq_sum(&g.kernels, &stream, ts).unwrap();
+        let (got, _) = weft_kernels::cuda::testing::seq_sum(&g.kernels, &stream, ts).unwrap();
         assert_eq!(
             got.to_bits(),
             want.to_bits(),
@@ -296,6 +317,29 @@ fn exact_sequential_sum_matches_the_cpu_loop() {
             ts.len()
         );
     }
+    // Squares of activation rows must take the fast path (the fallback is
+    // for partial sums within n 2^-50 of a power of two, or too many
+    // binade changes in one lane).
+    let mut fallbacks = 0;
+    for r in 0..200 {
+        let n = [576, 1536, 640, 2048][r % 4];
+        let ts: Vec<f64> = rng.rows(1, n).iter().map(|v| (v * v) as f64).collect();
+        let mut want = 0f64;
+        for t in &ts {
+            want += t;
+        }
+        let (got, fell_back) =
+            weft_kernels::cuda::testing::seq_sum(&g.kernels, &stream, &ts).unwrap();
+        assert_eq!(got.to_bits(), want.to_bits(), "activation row {r}");
+        fallbacks += fell_back as usize;
+    }
+    println!(
+        "exact f64 sums of activation squares: {fallbacks} of 200 took the sequential fallback"
+    );
+    assert!(
+        fallbacks <= 2,
+        "{fallbacks} of 200 activation rows took the sequential fallback"
+    );
 }
 
 #[test]

@@ -28,7 +28,7 @@ echo "== CUDA vs CPU (one process per test: a fault in one cannot spoil the othe
 : > "$OUT/tests.log"
 passed=0; failed=0
 for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "${WEFT_TEST_FILTER:-.}"); do
-  if timeout 240 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
+  if timeout 120 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
     passed=$((passed + 1)); echo "ok   $t"
   else
     failed=$((failed + 1)); status=1; echo "FAIL $t"
@@ -37,6 +37,16 @@ done
 grep -E "panicked|differ|mismatch|NOTE|glibc|rope past|softcap" "$OUT/tests.log" | cut -c1-300 | head -40
 echo "$passed passed, $failed failed"
 echo "== timings"
-timeout 300 "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/bench.log" 2>&1 || status=1
+timeout 180 "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/bench.log" 2>&1 || status=1
 grep -vE "^running|^$" "$OUT/bench.log" | tail -40
+# Optional: hardware counters of a few kernels (WEFT_NCU="kernel regex" and
+# WEFT_BENCH_FILTER="case names"), stall reasons and hot spots.
+if [ -n "${WEFT_NCU:-}" ]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "== ncu ($NCU) on kernels matching $WEFT_NCU"
+  timeout 240 "$NCU" --clock-control none -k "regex:$WEFT_NCU" -s 20 -c "${WEFT_NCU_COUNT:-3}" \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters \
+    env WEFT_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/ncu.log" 2>&1 || status=1
+  grep -E "^  [a-z_0-9]+\(|Duration|Warp Cycles Per Issued|Stall|Issued Warp|Registers Per|Achieved Occupancy|Eligible Warps|One or More|No Eligible" "$OUT/ncu.log" | head -60
+fi
 exit $status

@@ -1,11 +1,21 @@
 // Index of the largest value of each row; ties go to the lowest index, NaNs
 // are never chosen unless at index 0 (the CPU's `if v > row[best]` scan).
-// One block of 256 threads per row.
+// One block of 1024 threads per row; each thread scans a strided slice
+// with batched 16-byte loads (a candidate only replaces the thread's best
+// when strictly greater, and slices are merged preferring lower indices).
 
-extern "C" __global__ void __launch_bounds__(256)
+DEV void argmax_take(float v, int i, float& bv, int& bi) {
+    if (v != v) return;
+    if (bi < 0 || v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
     argmax_f32(const float* x, i32* out, int rows, int cols) {
-    __shared__ float sv[8];
-    __shared__ int si[8];
+    __shared__ float sv[32];
+    __shared__ int si[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
@@ -15,21 +25,39 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     float bv = NEG_INF;
     int bi = -1;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float v = xr[c];
-        if (v != v) continue;
-        if (bi < 0 || v > bv) {
-            bv = v;
-            bi = c;
+    const int nt = blockDim.x;
+    if ((cols & 3) == 0 && (((size_t)xr) & 15) == 0) {
+        const float4* x4 = (const float4*)xr;
+        const int n4 = cols / 4;
+        int q = threadIdx.x;
+        for (; q + 3 * nt < n4; q += 4 * nt) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = x4[q + u * nt];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = 4 * (q + u * nt);
+                argmax_take(v[u].x, i, bv, bi);
+                argmax_take(v[u].y, i + 1, bv, bi);
+                argmax_take(v[u].z, i + 2, bv, bi);
+                argmax_take(v[u].w, i + 3, bv, bi);
+            }
         }
+        for (; q < n4; q += nt) {
+            const float4 v = x4[q];
+            argmax_take(v.x, 4 * q, bv, bi);
+            argmax_take(v.y, 4 * q + 1, bv, bi);
+            argmax_take(v.z, 4 * q + 2, bv, bi);
+            argmax_take(v.w, 4 * q + 3, bv, bi);
+        }
+    } else {
+#pragma unroll 4
+        for (int c = threadIdx.x; c < cols; c += nt) argmax_take(xr[c], c, bv, bi);
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
         const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-            bv = ov;
-            bi = oi;
-        }
+        if (oi >= 0) argmax_take(ov, oi, bv, bi);
     }
     const int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) {
@@ -38,12 +66,8 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
-            if (si[w] >= 0 && (bi < 0 || sv[w] > bv || (sv[w] == bv && si[w] < bi))) {
-                bv = sv[w];
-                bi = si[w];
-            }
-        }
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (si[w] >= 0) argmax_take(sv[w], si[w], bv, bi);
         out[r] = bi < 0 ? 0 : bi;
     }
 }

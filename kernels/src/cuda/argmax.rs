@@ -24,7 +24,7 @@ pub(super) unsafe fn launch(
         stream,
         kernels.fns.get(OP, "argmax_f32")?,
         (rows as u32, 1, 1),
-        256,
+        1024,
         0,
         &[
             Arg::Ptr(ins[0].ptr),

@@ -24,6 +24,7 @@ struct AttnArgs {
     int q_stride, kv_stride, out_stride, row_offset;
     float scale, softcap;
     u32 window, ring, kv_capacity, q_position, kv_rows;
+    u32 chunk;  // attn_chunk: cells per part per pass; attn_tiled: tile buffers (1 or 2)
 };
 
 DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
@@ -98,25 +99,40 @@ DEV float attn_dot(const void* krow, const float* q, int d) {
     return __double2float_rn(total);
 }
 
+// ---- asynchronous copies (sm_80+) ---------------------------------------------------
+
+DEV u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+DEV void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+DEV void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
 // ---- one chunk / split KV -------------------------------------------------------
-
-#define ATTN_CH 256
-
-struct ChunkShared {
-    float score[2][ATTN_CH];  // scores, then vs
-    float mprev[2][ATTN_CH];  // running max before each cell, then ms
-    u8 flag[2][ATTN_CH];      // bit 0: visible, bit 1: new maximum
-    float part_m[2], part_s[2];
-};
 
 template <bool K16, bool V16>
 DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out, AttnArgs a,
                          const u32* step) {
-    extern __shared__ float dyn[];
-    ChunkShared& sh = *(ChunkShared*)dyn;
-    float* qs = dyn + sizeof(ChunkShared) / 4;  // [D]
-    float* part_acc = qs + a.head_dim;          // [2][D]
-    const int D = a.head_dim;
+    extern __shared__ __align__(16) u8 att_dyn[];
+    const int D = a.head_dim, CH = (int)a.chunk;
+    const int esz_k = K16 ? 2 : 4, esz_v = V16 ? 2 : 4;
+    float* score = (float*)att_dyn;                   // [2][CH] scores
+    float* mprev = score + 2 * CH;                    // [2][CH] running max before each cell
+    float* cms = mprev + 2 * CH;                      // [2][CH] ms of the visible cells, in order
+    float* cvs = cms + 2 * CH;                        // [2][CH] vs of the visible cells, in order
+    u16* cidx = (u16*)(cvs + 2 * CH);                 // [2][CH] their cell (index in the pass)
+    u16* cpos = cidx + 2 * CH;                        // [2][CH] compact position of each cell
+    u8* flag = (u8*)(cpos + 2 * CH);                  // [2][CH] visible
+    u8* vsh = flag + ((2 * CH + 15) & ~15);           // [2][CH][D] values
+    float* qs = (float*)(vsh + (size_t)2 * CH * D * esz_v);  // [D]
+    float* part_acc = qs + D;                         // [2][D]
+    float* part_ms = part_acc + 2 * D;                // m0, m1, s0, s1
+    int* pcount = (int*)(part_ms + 4);                // visible cells of the pass, per part
     const int tid = threadIdx.x, nt = blockDim.x;
     const int h = blockIdx.x, t = a.row_offset + blockIdx.y;
     const int kvh = h / (a.heads / a.kv_heads);
@@ -146,102 +162,143 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
     const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
     for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
     const size_t kvoff = (size_t)kvh * D;
-    const size_t esz_k = K16 ? 2 : 4, esz_v = V16 ? 2 : 4;
-    // Chain threads: part p = tid / D, dimension d = tid % D.
-    const int cp = tid / D, cd = tid % D;
+    const int cp = tid / D, cd = tid % D;  // chain thread: part, dimension
     const bool chain = cp < parts;
     float acc = 0.0f, ssum = 0.0f;
     float run_m = NEG_INF;  // running max, kept by the scan warps (warp p)
-    u32 len_max = max(hi[0] - lo[0], parts > 1 ? hi[1] - lo[1] : 0u);
+    const u32 len_max = max(hi[0] - lo[0], parts > 1 ? hi[1] - lo[1] : 0u);
+    const int pieces = D * esz_v / 16;  // 16-byte pieces per value row
     __syncthreads();
-    for (u32 it = 0; it * ATTN_CH < len_max; it++) {
-        // 1. scores
-        for (int idx = tid; idx < 2 * ATTN_CH; idx += nt) {
-            const int p = idx / ATTN_CH, j = idx % ATTN_CH;
-            const u32 c = lo[p] + it * ATTN_CH + j;
-            float s = NEG_INF;
+    for (u32 it = 0; it * CH < len_max; it++) {
+        // 1. values of the pass into shared memory (asynchronously), scores
+        for (int idx = tid; idx < parts * CH * pieces; idx += nt) {
+            const int p = idx / (CH * pieces), j = (idx / pieces) % CH, piece = idx % pieces;
+            const u32 c = lo[p] + it * CH + j;
+            if (c < hi[p])
+                cp_async16(vsh + ((size_t)(p * CH + j) * D * esz_v + piece * 16),
+                           vc + ((size_t)c * a.kv_stride + kvoff) * esz_v + piece * 16);
+        }
+        cp_async_commit();
+        for (int idx = tid; idx < 2 * CH; idx += nt) {
+            const int p = idx / CH, j = idx % CH;
+            const u32 c = lo[p] + it * CH + j;
+            float sc = NEG_INF;
             u8 f = 0;
             if (p < parts && c < hi[p] && attn_visible(a, c, pos, end)) {
                 const u8* krow = kc + ((size_t)c * a.kv_stride + kvoff) * esz_k;
-                s = attn_scaled(a, attn_dot<K16>(krow, qs, D));
+                sc = attn_scaled(a, attn_dot<K16>(krow, qs, D));
                 f = 1;
             }
-            sh.score[p][j] = s;
-            sh.flag[p][j] = f;
+            score[idx] = sc;
+            flag[idx] = f;
         }
         __syncthreads();
-        // 2. running max before each cell (warp p scans part p)
+        // 2. running max before each cell and the list of visible cells
+        //    (warp p scans part p)
         const int warp = tid >> 5, lane = tid & 31;
         if (warp < parts) {
             const int p = warp;
-            const int per = ATTN_CH / 32;
-            float local[ATTN_CH / 32];
+            const int per = CH / 32;
+            float local[8];
             float lmax = NEG_INF;
+            int lcount = 0;
 #pragma unroll
-            for (int k = 0; k < per; k++) {
-                local[k] = lmax;
-                const int j = lane * per + k;
-                if (sh.flag[p][j]) lmax = fmaxf(lmax, sh.score[p][j]);
+            for (int k = 0; k < 8; k++) {
+                if (k < per) {
+                    local[k] = lmax;
+                    const int j = p * CH + lane * per + k;
+                    if (flag[j]) {
+                        lmax = fmaxf(lmax, score[j]);
+                        lcount++;
+                    }
+                }
             }
             float incl = lmax;
+            int cincl = lcount;
             for (int o = 1; o < 32; o <<= 1) {
                 const float v = __shfl_up_sync(FULL_MASK, incl, o);
-                if (lane >= o) incl = fmaxf(incl, v);
+                const int c = __shfl_up_sync(FULL_MASK, cincl, o);
+                if (lane >= o) {
+                    incl = fmaxf(incl, v);
+                    cincl += c;
+                }
             }
             float excl = __shfl_up_sync(FULL_MASK, incl, 1);
             if (lane == 0) excl = NEG_INF;
             const float before = fmaxf(run_m, excl);
+            int at = cincl - lcount;
 #pragma unroll
-            for (int k = 0; k < per; k++) sh.mprev[p][lane * per + k] = fmaxf(before, local[k]);
+            for (int k = 0; k < 8; k++) {
+                if (k < per) {
+                    const int j = lane * per + k;
+                    mprev[p * CH + j] = fmaxf(before, local[k]);
+                    if (flag[p * CH + j]) {
+                        cpos[p * CH + j] = (u16)at;
+                        cidx[p * CH + at] = (u16)j;
+                        at++;
+                    }
+                }
+            }
             run_m = fmaxf(run_m, __shfl_sync(FULL_MASK, incl, 31));
+            if (lane == 31) pcount[p] = cincl;
         }
         __syncthreads();
-        // 3. online-softmax factors
-        for (int idx = tid; idx < 2 * ATTN_CH; idx += nt) {
-            const int p = idx / ATTN_CH, j = idx % ATTN_CH;
-            const u8 f = sh.flag[p][j];
-            if (!f) continue;
-            const float s = sh.score[p][j], m = sh.mprev[p][j];
-            if (s > m) {
-                sh.mprev[p][j] = glibc_expf(m - s);  // ms
-                sh.score[p][j] = 1.0f;               // vs
-                sh.flag[p][j] = 3;
+        // 3. online-softmax factors of the visible cells, in compact order
+        for (int idx = tid; idx < 2 * CH; idx += nt) {
+            if (!flag[idx]) continue;
+            const float sc = score[idx], m = mprev[idx];
+            const int at = (idx / CH) * CH + cpos[idx];
+            if (sc > m) {
+                cms[at] = glibc_expf(m - sc);
+                cvs[at] = 1.0f;
             } else {
-                sh.mprev[p][j] = 1.0f;
-                sh.score[p][j] = glibc_expf(s - m);
+                cms[at] = 1.0f;
+                cvs[at] = glibc_expf(sc - m);
             }
         }
+        cp_async_wait_all();
         __syncthreads();
-        // 4. the sequential accumulation, one thread per (part, dimension)
+        // 4. the sequential accumulation over the visible cells, one thread
+        //    per (part, dimension). A new maximum scales the accumulator
+        //    (ms == 1 otherwise, and scaling by 1 changes no bit).
         if (chain) {
-            const u32 base = lo[cp] + it * ATTN_CH;
-            const u32 last = cells > 0 ? cells - 1 : 0;
-            const u8* vcol = vc + (kvoff + cd) * esz_v;
-            for (int j0 = 0; j0 < ATTN_CH; j0 += 8) {
-                float vv[8];
+            const int cnt = pcount[cp];
+            const u16* ci = cidx + cp * CH;
+            const float* pm = cms + cp * CH;
+            const float* pv = cvs + cp * CH;
+            const u8* vcol = vsh + ((size_t)cp * CH * D + cd) * esz_v;
+            const size_t vstride = (size_t)D * esz_v;
+            int k = 0;
+            for (; k + 8 <= cnt; k += 8) {
+                float ms[8], vs[8], vv[8];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
-                    const u32 c = min(base + j0 + u, last);
-                    vv[u] = kv_at<V16>(vcol + (size_t)c * a.kv_stride * esz_v, 0);
+                    ms[u] = pm[k + u];
+                    vs[u] = pv[k + u];
+                    vv[u] = kv_at<V16>(vcol + ci[k + u] * vstride, 0);
                 }
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
-                    const u8 f = sh.flag[cp][j0 + u];
-                    if (!f) continue;
-                    const float ms = sh.mprev[cp][j0 + u], vs = sh.score[cp][j0 + u];
-                    if (f & 2) acc = V16 ? round16(acc * ms) : acc * ms;
-                    acc = V16 ? round16(__fmaf_rn(vv[u], vs, acc)) : __fmaf_rn(vs, vv[u], acc);
-                    if (cd == 0) ssum = __fmaf_rn(ssum, ms, vs);
+                    if (ms[u] != 1.0f) acc = V16 ? round16(acc * ms[u]) : acc * ms[u];
+                    acc = V16 ? round16(__fmaf_rn(vv[u], vs[u], acc)) : __fmaf_rn(vs[u], vv[u], acc);
+                    if (cd == 0) ssum = __fmaf_rn(ssum, ms[u], vs[u]);
                 }
+            }
+            for (; k < cnt; k++) {
+                const float ms = pm[k], vs = pv[k];
+                const float vv = kv_at<V16>(vcol + ci[k] * vstride, 0);
+                if (ms != 1.0f) acc = V16 ? round16(acc * ms) : acc * ms;
+                acc = V16 ? round16(__fmaf_rn(vv, vs, acc)) : __fmaf_rn(vs, vv, acc);
+                if (cd == 0) ssum = __fmaf_rn(ssum, ms, vs);
             }
         }
         __syncthreads();
     }
     // Results: the running max of each part lives in warp p.
-    if ((tid & 31) == 0 && (tid >> 5) < parts) sh.part_m[tid >> 5] = run_m;
+    if ((tid & 31) == 0 && (tid >> 5) < parts) part_ms[tid >> 5] = run_m;
     if (chain) {
         part_acc[cp * D + cd] = acc;
-        if (cd == 0) sh.part_s[cp] = ssum;
+        if (cd == 0) part_ms[2 + cp] = ssum;
     }
     __syncthreads();
     float* orow = out + (size_t)t * a.out_stride + (size_t)h * D;
@@ -249,18 +306,18 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
         float o, s;
         if (parts == 1) {
             o = part_acc[d];
-            s = sh.part_s[0];
+            s = part_ms[2];
         } else {
             float m = NEG_INF;
             o = 0.0f;
             s = 0.0f;
             for (int p = 0; p < 2; p++) {
-                if (sh.part_s[p] == 0.0f) continue;
-                const float pm = sh.part_m[p];
+                if (part_ms[2 + p] == 0.0f) continue;
+                const float pm = part_ms[p];
                 const float m_new = fmaxf(m, pm);
                 const float so = glibc_expf(m - m_new), sn = glibc_expf(pm - m_new);
                 o = __fmaf_rn(o, so, part_acc[p * D + d] * sn);
-                s = __fmaf_rn(s, so, sh.part_s[p] * sn);
+                s = __fmaf_rn(s, so, part_ms[2 + p] * sn);
                 m = m_new;
             }
         }
@@ -279,91 +336,125 @@ ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true)
 ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false)
 
 // ---- tiled (64 or more query rows per ubatch) -----------------------------------------
+// 16 query rows of one head per block, two per warp; keys and values in
+// tiles of 64 (llama.cpp's GGML_FA_TILE_KV), copied asynchronously, the next
+// tile while the current one is used when two buffers fit.
 
 #define TILE 64
-#define TILED_WARPS 16
-#define ROWS_PER_WARP (TILE / TILED_WARPS)
+#define TILED_WARPS 8
+#define TILED_ROWS 16
 
 template <bool K16, bool V16>
 DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out, AttnArgs a,
                          const u32* step) {
-    extern __shared__ float dyn[];
+    extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim;
-    float* qsh = dyn;                      // [64][D]
-    float* psh = qsh + TILE * D;           // [64][64]
-    u8* kt = (u8*)(psh + TILE * TILE);     // [D][64] keys, transposed
-    u8* vt = kt + (size_t)D * TILE * (K16 ? 2 : 4);  // [64][D]
+    const int esz_k = K16 ? 2 : 4, esz_v = V16 ? 2 : 4;
+    const int kpad = 16 / esz_k;                 // elements of padding per key row
+    const int krow_bytes = (D + kpad) * esz_k;   // a multiple of 16
+    const int tile_bytes = TILE * krow_bytes + TILE * D * esz_v;
+    const int nbuf = (int)a.chunk;
+    float* qsh = (float*)att_dyn;                // [16][D]
+    float* psh = qsh + TILED_ROWS * D;           // [16][64]
+    u8* tiles = (u8*)(psh + TILED_ROWS * TILE);  // nbuf x (keys [64][D+pad], values [64][D])
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.x;
-    const int row0 = a.row_offset + blockIdx.y * TILE;
-    const int rows = min(TILE, a.n - row0);
+    const int row0 = a.row_offset + blockIdx.y * TILED_ROWS;
+    const int rows = min(TILED_ROWS, a.n - row0);
     const int kvh = h / (a.heads / a.kv_heads);
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     const u32 end = qpos + (u32)a.n;
     const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
     const size_t kvoff = (size_t)kvh * D;
-    for (int idx = tid; idx < TILE * D; idx += blockDim.x) {
+    for (int idx = tid; idx < TILED_ROWS * D; idx += blockDim.x) {
         const int i = idx / D, d = idx % D;
         qsh[idx] = i < rows ? q[(size_t)(row0 + i) * a.q_stride + (size_t)h * D + d] : 0.0f;
     }
+    const u32 first_pos = qpos + row0, last_pos = qpos + row0 + rows - 1;
+    // Does the block need tile `ts`? (Skipping a tile no row sees changes
+    // nothing: every row would find only masked scores there.)
+    auto needed = [&](u32 ts) -> bool {
+        if (a.ring != NONE_U32) return true;
+        const u32 tlen = min((u32)TILE, cells - ts);
+        const bool newest = ts <= last_pos;
+        const bool oldest = a.window == NONE_U32 || ts + tlen - 1 + a.window > first_pos;
+        return newest && oldest;
+    };
+    auto next_tile = [&](u32 from) -> u32 {
+        u32 ts = from;
+        while (ts < cells && !needed(ts)) ts += TILE;
+        return ts;
+    };
+    auto issue = [&](u32 ts, int buf) {
+        u8* kt = tiles + (size_t)buf * tile_bytes;
+        u8* vt = kt + TILE * krow_bytes;
+        const u32 tlen = min((u32)TILE, cells - ts);
+        const int kp = D * esz_k / 16, vp = D * esz_v / 16;
+        for (int idx = tid; idx < (int)tlen * (kp + vp); idx += blockDim.x) {
+            const int j = idx / (kp + vp), piece = idx % (kp + vp);
+            const size_t g = (size_t)(ts + j) * a.kv_stride + kvoff;
+            if (piece < kp)
+                cp_async16(kt + (size_t)j * krow_bytes + piece * 16, kc + g * esz_k + piece * 16);
+            else
+                cp_async16(vt + (size_t)j * D * esz_v + (piece - kp) * 16,
+                           vc + g * esz_v + (piece - kp) * 16);
+        }
+        cp_async_commit();
+    };
     const int dq = D / 32;  // dimensions per lane (D is a multiple of 32)
-    float acc[ROWS_PER_WARP][8];
-    float m[ROWS_PER_WARP], ssum[ROWS_PER_WARP];
+    float acc[2][8], m[2], ssum[2];
 #pragma unroll
-    for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+    for (int rr = 0; rr < 2; rr++) {
         m[rr] = NEG_INF;
         ssum[rr] = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) acc[rr][k] = 0.0f;
     }
-    const u32 first_pos = qpos + row0, last_pos = qpos + row0 + rows - 1;
-    for (u32 ts = 0; ts < cells; ts += TILE) {
+    u32 ts = next_tile(0);
+    int buf = 0;
+    if (ts < cells) issue(ts, 0);
+    while (ts < cells) {
         const u32 tlen = min((u32)TILE, cells - ts);
-        if (a.ring == NONE_U32) {
-            const bool newest = ts <= last_pos;
-            const bool oldest = a.window == NONE_U32 || ts + tlen - 1 + a.window > first_pos;
-            if (!(newest && oldest)) continue;
+        const u32 nts = next_tile(ts + TILE);
+        if (nbuf > 1 && nts < cells) {
+            issue(nts, buf ^ 1);
+            cp_async_wait_one_pending();
+        } else {
+            cp_async_wait_all();
         }
         __syncthreads();
-        for (int idx = tid; idx < (int)tlen * D; idx += blockDim.x) {
-            const int j = idx / D, d = idx % D;
-            const size_t g = (size_t)(ts + j) * a.kv_stride + kvoff + d;
-            if (K16) ((u16*)kt)[d * TILE + j] = ((const u16*)kc)[g];
-            else ((float*)kt)[d * TILE + j] = ((const float*)kc)[g];
-            if (V16) ((u16*)vt)[j * D + d] = ((const u16*)vc)[g];
-            else ((float*)vt)[j * D + d] = ((const float*)vc)[g];
-        }
-        __syncthreads();
-        // scores for the warp's rows, keys lane and lane + 32
-        float s0[ROWS_PER_WARP], s1[ROWS_PER_WARP];
+        const u8* kt = tiles + (size_t)buf * tile_bytes;
+        const u8* vt = kt + TILE * krow_bytes;
+        // scores of the warp's two rows, keys lane and lane + 32: in-order
+        // fma chains over d, from 0
+        float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+        const u8* k0 = kt + (size_t)lane * krow_bytes;
+        const u8* k1 = kt + (size_t)(lane + 32) * krow_bytes;
+        const float* q0 = qsh + (2 * warp) * D;
+        const float* q1 = q0 + D;
+        for (int d0 = 0; d0 < D; d0 += 16) {
+            float ka[16], kb[16];
+            load16<K16>(k0, d0, ka);
+            load16<K16>(k1, d0, kb);
 #pragma unroll
-        for (int rr = 0; rr < ROWS_PER_WARP; rr++) s0[rr] = s1[rr] = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float k0, k1;
-            if (K16) {
-                k0 = h2f(((const u16*)kt)[d * TILE + lane]);
-                k1 = h2f(((const u16*)kt)[d * TILE + lane + 32]);
-            } else {
-                k0 = ((const float*)kt)[d * TILE + lane];
-                k1 = ((const float*)kt)[d * TILE + lane + 32];
-            }
-#pragma unroll
-            for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-                const float qd = qsh[(warp * ROWS_PER_WARP + rr) * D + d];
-                s0[rr] = __fmaf_rn(qd, k0, s0[rr]);
-                s1[rr] = __fmaf_rn(qd, k1, s1[rr]);
+            for (int e = 0; e < 16; e++) {
+                const float qa = q0[d0 + e], qb = q1[d0 + e];
+                s[0][0] = __fmaf_rn(qa, ka[e], s[0][0]);
+                s[0][1] = __fmaf_rn(qa, kb[e], s[0][1]);
+                s[1][0] = __fmaf_rn(qb, ka[e], s[1][0]);
+                s[1][1] = __fmaf_rn(qb, kb[e], s[1][1]);
             }
         }
 #pragma unroll
-        for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-            const int i = warp * ROWS_PER_WARP + rr;
+        for (int rr = 0; rr < 2; rr++) {
+            const int i = 2 * warp + rr;
             if (i >= rows) continue;  // uniform per warp
             const u32 pos = qpos + row0 + i;
             const bool seen0 = (u32)lane < tlen && attn_visible(a, ts + lane, pos, end);
             const bool seen1 = (u32)(lane + 32) < tlen && attn_visible(a, ts + lane + 32, pos, end);
-            const float x0 = seen0 ? attn_scaled(a, s0[rr]) : NEG_INF;
-            const float x1 = seen1 ? attn_scaled(a, s1[rr]) : NEG_INF;
+            const float x0 = seen0 ? attn_scaled(a, s[rr][0]) : NEG_INF;
+            const float x1 = seen1 ? attn_scaled(a, s[rr][1]) : NEG_INF;
             const float tmax = warp_max(fmaxf(x0, x1));
             if (tmax == NEG_INF) continue;
             const float m_new = fmaxf(m[rr], tmax);
@@ -386,23 +477,23 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
             sum += (double)__shfl_sync(FULL_MASK, r1, 16);
             ssum[rr] = __double2float_rn((double)ssum[rr] + sum);
             __syncwarp();
+#pragma unroll 4
             for (u32 j = 0; j < tlen; j++) {
                 const float pj = psh[i * TILE + j];
+                const u8* vrow = vt + (size_t)j * D * esz_v;
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    if (k < dq) {
-                        const int d = lane + 32 * k;
-                        const float vv = V16 ? h2f(((const u16*)vt)[j * D + d])
-                                             : ((const float*)vt)[j * D + d];
-                        acc[rr][k] = __fmaf_rn(pj, vv, acc[rr][k]);
-                    }
-                }
+                for (int k = 0; k < 8; k++)
+                    if (k < dq) acc[rr][k] = __fmaf_rn(pj, kv_at<V16>(vrow, lane + 32 * k), acc[rr][k]);
             }
         }
+        __syncthreads();
+        ts = nts;
+        buf ^= (nbuf > 1) ? 1 : 0;
+        if (nbuf == 1 && ts < cells) issue(ts, 0);
     }
 #pragma unroll
-    for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-        const int i = warp * ROWS_PER_WARP + rr;
+    for (int rr = 0; rr < 2; rr++) {
+        const int i = 2 * warp + rr;
         if (i >= rows) continue;
         const float inv = ssum[rr] == 0.0f ? 0.0f : 1.0f / ssum[rr];
         float* orow = out + (size_t)(row0 + i) * a.out_stride + (size_t)h * D;

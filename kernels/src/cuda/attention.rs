@@ -16,12 +16,15 @@ pub(super) const KERNELS: &[&str] = &[
     "attn_tiled_f32",
 ];
 
+/// Kernels whose shared-memory limit is raised at load.
+pub(super) const LARGE_SHARED: &[&str] = KERNELS;
+
 /// Query rows per tiled block (`GGML_FA_TILE_Q`).
 const TILE: usize = 64;
 /// llama.cpp's micro-batch: the tiled kernel applies per ubatch.
 const UBATCH: usize = 512;
-/// Bytes of `ChunkShared` in attention.cu.
-const CHUNK_SHARED_BYTES: usize = 2 * 256 * 4 * 2 + 2 * 256 + 16;
+/// Query rows per block of the tiled kernel (`TILED_ROWS`).
+const TILED_ROWS: usize = 16;
 /// Largest head size the kernels take.
 pub(super) const MAX_HEAD_DIM: usize = 256;
 
@@ -44,6 +47,8 @@ pub(crate) struct AttnArgs {
     kv_capacity: u32,
     q_position: u32,
     kv_rows: u32,
+    /// attn_chunk: cells per part per pass; attn_tiled: tile buffers.
+    chunk: u32,
 }
 
 pub(super) fn supports(node: &OpNode, p: &AttentionParams) -> Result<(), OpError> {
@@ -80,10 +85,35 @@ pub(super) fn step_scalars(node: &OpNode, p: &AttentionParams) -> Vec<u32> {
     vec![p.q_position, node.inputs[1].rows() as u32]
 }
 
-/// Dynamic shared memory of the tiled kernel.
-pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType) -> usize {
-    let esz = if kv == DType::F16 { 2 } else { 4 };
-    (TILE * head_dim + TILE * TILE) * 4 + 2 * TILE * head_dim * esz
+fn elem_bytes(kv: DType) -> usize {
+    if kv == DType::F16 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Dynamic shared memory of the tiled kernel with `nbuf` tile buffers.
+pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType, nbuf: usize) -> usize {
+    let esz = elem_bytes(kv);
+    let key_row = (head_dim + 16 / esz) * esz;
+    (TILED_ROWS * head_dim + TILED_ROWS * TILE) * 4
+        + nbuf * (TILE * key_row + TILE * head_dim * esz)
+}
+
+/// Cells per part per pass of the one-chunk kernel (its values are staged:
+/// two parts of `chunk` rows within 64 KiB).
+fn chunk_cells(head_dim: usize, kv: DType) -> usize {
+    (32 * 1024 / (head_dim * elem_bytes(kv))).clamp(32, 256) / 32 * 32
+}
+
+/// Dynamic shared memory of the one-chunk kernel (layout of attention.cu).
+fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
+    40 * chunk
+        + (2 * chunk).next_multiple_of(16)
+        + 2 * chunk * head_dim * elem_bytes(kv)
+        + 12 * head_dim
+        + 32
 }
 
 /// Leading 64-row blocks that take the tiled kernel: every block whose
@@ -139,6 +169,7 @@ pub(super) unsafe fn launch(
         kv_capacity: p.kv_capacity,
         q_position: p.q_position,
         kv_rows: node.inputs[1].rows() as u32,
+        chunk: 0,
     };
     let ptrs = [
         Arg::Ptr(q.ptr),
@@ -148,22 +179,30 @@ pub(super) unsafe fn launch(
     ];
     let tiled = tiled_blocks(n);
     if tiled > 0 {
-        let bytes = tiled_shared_bytes(d, kv);
-        if bytes > kernels.tiled_shared_limit {
+        let limit = kernels.large_shared_limit;
+        let nbuf = if tiled_shared_bytes(d, kv, 2) <= limit {
+            2
+        } else {
+            1
+        };
+        let bytes = tiled_shared_bytes(d, kv, nbuf);
+        if bytes > limit {
             return Err(bad_call(
                 OP,
                 format!("head size {d} needs {bytes} bytes of shared memory per block"),
             ));
         }
+        args.chunk = nbuf as u32;
         let mut a = ptrs.to_vec();
         a.push(Arg::Attn(args));
         a.push(Arg::Ptr(step));
+        let blocks = (tiled * TILE).min(n).div_ceil(TILED_ROWS);
         let f = kernels.fns.get(OP, &format!("attn_tiled_{suffix}"))?;
         enqueue(
             stream,
             f,
-            (p.heads as u32, tiled as u32, 1),
-            512,
+            (p.heads as u32, blocks as u32, 1),
+            256,
             bytes as u32,
             &a,
             OP,
@@ -175,11 +214,13 @@ pub(super) unsafe fn launch(
             return Err(bad_call(OP, format!("{rest} query rows exceed one launch")));
         }
         args.row_offset = (tiled * TILE) as i32;
+        let chunk = chunk_cells(d, kv);
+        args.chunk = chunk as u32;
         let mut a = ptrs.to_vec();
         a.push(Arg::Attn(args));
         a.push(Arg::Ptr(step));
         let threads = (2 * d).max(256) as u32;
-        let bytes = CHUNK_SHARED_BYTES + 3 * d * 4;
+        let bytes = chunk_shared_bytes(d, kv, chunk);
         let f = kernels.fns.get(OP, &format!("attn_chunk_{suffix}"))?;
         enqueue(
             stream,

@@ -207,11 +207,13 @@ DEV float ggml_v_expf(float x) {
 // of two (or too many specials to list), lane 0 falls back to the plain
 // sequential loop.
 
-#define SEQSUM_CAP 512
+// Entries one lane may list (its lead segment and its specials).
+#define SEQSUM_LANE_CAP 24
 
 struct SeqSumScratch {
-    double t[SEQSUM_CAP];
-    double after[SEQSUM_CAP];
+    double t[32][SEQSUM_LANE_CAP];
+    double after[32][SEQSUM_LANE_CAP];
+    int count[32];
 };
 
 DEV int dexpo(double a) { return (int)((__double_as_longlong(a) >> 52) & 0x7ff) - 1023; }
@@ -243,106 +245,164 @@ DEV double round_to_ulp(double t, int ue, bool* tie) {
     return __dmul_rn((double)base, pow2d(ue));
 }
 
-// Is `a` (within `rel` relative of the true partial sum) too close to a
-// power of two to tell its binade?
-DEV bool near_binade_edge(double a, double rel) {
-    if (a == 0.0) return false;
-    const int e = dexpo(a);
-    const double lo = pow2d(e), hi = pow2d(e + 1);
-    const double slack = a * rel;
-    return (a - lo) <= slack || (hi - a) <= slack;
+// Is `a` too close to a power of two to tell its binade? (Its mantissa
+// within `tol` units of the last place of either end of the binade.)
+DEV bool near_binade_edge(double a, u64 tol) {
+    const u64 mant = (u64)__double_as_longlong(a) & 0xfffffffffffffull;
+    return a != 0.0 && (mant <= tol || mant >= (1ull << 52) - tol);
 }
 
 // Sum of term(i), i in [0, n), as the CPU's sequential double loop. All 32
 // lanes of the warp call it; every lane gets the result. `term` must return
-// finite values >= 0 and be cheap to evaluate (it is called up to 3 times
-// per element).
+// finite values >= 0 and be cheap (it is called twice per element, and
+// again on the rare fallback); read it from shared memory where possible.
 template <class Term>
-DEV double seq_sum_nonneg(Term term, int n, SeqSumScratch* sc) {
+DEV double seq_sum_nonneg(Term term, int n, SeqSumScratch* sc, bool* fell_back = nullptr) {
     const int lane = threadIdx.x & 31;
     const int per = (n + 31) / 32;
     const int lo = min(n, lane * per), hi = min(n, lo + per);
-    // Pass 1: approximate prefix sums.
-    double local = 0.0;
-    for (int i = lo; i < hi; i++) local += term(i);
-    double incl = local;
+    // Pass 1: approximate prefix sums (any order will do).
+    double l0 = 0.0, l1 = 0.0;
+    int i1 = lo;
+    for (; i1 + 1 < hi; i1 += 2) {
+        l0 += term(i1);
+        l1 += term(i1 + 1);
+    }
+    if (i1 < hi) l0 += term(i1);
+    double incl = l0 + l1;
     for (int o = 1; o < 32; o <<= 1) {
         double v = __shfl_up_sync(FULL_MASK, incl, o);
         if (lane >= o) incl += v;
     }
     double excl = __shfl_up_sync(FULL_MASK, incl, 1);
     if (lane == 0) excl = 0.0;
-    const double rel = (double)(n + 64) * 4.0 * 2.220446049250313e-16;
-    // Pass 2: count specials (and detect ambiguity).
-    bool bad = false;
-    int count = 0;
-    {
-        double a = excl;
-        int eprev = (a == 0.0) ? -100000 : dexpo(a);
-        bad |= near_binade_edge(a, rel);
-        for (int i = lo; i < hi; i++) {
-            const double t = term(i);
-            a += t;
-            bad |= near_binade_edge(a, rel);
-            const int e = (a == 0.0) ? -100000 : dexpo(a);
-            bool special = e != eprev;
-            if (!special && e != -100000) {
-                bool tie;
-                round_to_ulp(t, e - 52, &tie);
-                special = tie;
-            }
-            count += special ? 1 : 0;
-            eprev = e;
-        }
-    }
-    // Entry list: per lane, one lead entry (t = 0) and one per special.
-    int mine = count + 1, base = mine;
-    for (int o = 1; o < 32; o <<= 1) {
-        int v = __shfl_up_sync(FULL_MASK, base, o);
-        if (lane >= o) base += v;
-    }
-    const int total = __shfl_sync(FULL_MASK, base, 31);
-    base -= mine;
-    bad = __any_sync(FULL_MASK, bad) || total > SEQSUM_CAP;
-    if (!bad) {
-        double a = excl;
-        int eprev = (a == 0.0) ? -100000 : dexpo(a);
-        int slot = base;
-        double seg = 0.0, open_t = 0.0;
-        for (int i = lo; i < hi; i++) {
-            const double t = term(i);
-            a += t;
-            const int e = (a == 0.0) ? -100000 : dexpo(a);
-            bool special = e != eprev;
-            double r = 0.0;
-            if (!special && e != -100000) {
+    // The approximate sums are within (n + 64) 2^-50 relative of the true
+    // partial sums: 16 (n + 64) units of the last place, with margin.
+    const u64 tol = 16ull * (u64)(n + 64);
+    // Pass 2: the lane's entries (its lead segment, then one per special).
+    double a = excl;
+    int eprev = (a == 0.0) ? -100000 : dexpo(a);
+    bool bad = near_binade_edge(a, tol);
+    int slot = 0;
+    double seg = 0.0, open_t = 0.0;
+    for (int i = lo; i < hi; i++) {
+        const double t = term(i);
+        a += t;
+        bad |= near_binade_edge(a, tol);
+        const int e = (a == 0.0) ? -100000 : dexpo(a);
+        bool special = e != eprev;
+        double r = t;
+        if (!special && e != -100000) {
+            // t is already a multiple of the binade's ulp unless it is
+            // small (or subnormal); only then round it, and watch for ties.
+            const int te = (int)(((u64)__double_as_longlong(t) >> 52) & 0x7ff);
+            if (te == 0 || te - 1075 < e - 52) {
                 bool tie;
                 r = round_to_ulp(t, e - 52, &tie);
                 special = tie;
             }
-            if (special) {
-                sc->t[slot] = open_t;
-                sc->after[slot] = seg;
-                slot++;
-                open_t = t;
-                seg = 0.0;
-            } else {
-                seg += r;  // exact: multiples of one ulp, below the binade's top
-            }
-            eprev = e;
         }
-        sc->t[slot] = open_t;
-        sc->after[slot] = seg;
+        if (special) {
+            if (slot < SEQSUM_LANE_CAP) {
+                sc->t[lane][slot] = open_t;
+                sc->after[lane][slot] = seg;
+            }
+            slot++;
+            open_t = t;
+            seg = 0.0;
+        } else {
+            seg += r;  // exact: multiples of one ulp, below the binade's top
+        }
+        eprev = e;
     }
+    if (slot < SEQSUM_LANE_CAP) {
+        sc->t[lane][slot] = open_t;
+        sc->after[lane][slot] = seg;
+    }
+    slot++;
+    sc->count[lane] = slot;
+    bad = __any_sync(FULL_MASK, bad || slot > SEQSUM_LANE_CAP);
+    if (fell_back) *fell_back = bad;
     __syncwarp();
     double s = 0.0;
     if (lane == 0) {
         if (bad) {
             for (int i = 0; i < n; i++) s += term(i);
         } else {
-            for (int k = 0; k < total; k++) s = (s + sc->t[k]) + sc->after[k];
+            for (int l = 0; l < 32; l++) {
+                const int c = sc->count[l];
+                for (int k = 0; k < c; k++) {
+                    const double tk = sc->t[l][k];
+                    if (tk != 0.0) s = s + tk;
+                    s = s + sc->after[l][k];
+                }
+            }
         }
     }
     __syncwarp();
     return __shfl_sync(FULL_MASK, s, 0);
+}
+
+// The same sum by lane 0 alone, in order (loads batched ahead of the adds).
+template <class Term>
+DEV double seq_sum_plain(Term term, int n) {
+    double s = 0.0;
+    if ((threadIdx.x & 31) == 0) {
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            double t[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) t[u] = term(i + u);
+#pragma unroll
+            for (int u = 0; u < 8; u++) s += t[u];
+        }
+        for (; i < n; i++) s += term(i);
+    }
+    return __shfl_sync(FULL_MASK, s, 0);
+}
+
+// `method` 0: the exact parallel scheme, 1: lane 0 in order.
+template <class Term>
+DEV double seq_sum(Term term, int n, SeqSumScratch* sc, int method) {
+    return method == 1 ? seq_sum_plain(term, n) : seq_sum_nonneg(term, n, sc);
+}
+
+// Copies a row into shared memory (when `stage` is not null), issuing 16
+// loads per lane before storing any; returns where to read the row from.
+DEV const float* stage_row(const float* row, float* stage, int cols) {
+    if (!stage) return row;
+    const int lane = threadIdx.x & 31;
+    for (int c0 = 0; c0 < cols; c0 += 512) {
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int c = c0 + lane + 32 * u;
+            v[u] = c < cols ? row[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int c = c0 + lane + 32 * u;
+            if (c < cols) stage[c] = v[u];
+        }
+    }
+    __syncwarp();
+    return stage;
+}
+
+// out[c] = (x[c] * scale) * w[c] over a row, 16 loads of w per lane ahead.
+DEV void scale_row(const float* x, const float* w, float* out, float scale, int cols) {
+    const int lane = threadIdx.x & 31;
+    for (int c0 = 0; c0 < cols; c0 += 512) {
+        float wv[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int c = c0 + lane + 32 * u;
+            wv[u] = c < cols ? w[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int c = c0 + lane + 32 * u;
+            if (c < cols) out[c] = (x[c] * scale) * wv[u];
+        }
+    }
 }

@@ -50,24 +50,33 @@ DEV size_t act_row_bytes(int f, int cols) {
 // (which may be x itself) and normalised.
 template <int F, bool ADD>
 DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
-                         int rows, int cols, float eps, int broadcast) {
-    __shared__ SeqSumScratch scratch[NORM_WARPS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r = blockIdx.x * NORM_WARPS + warp;
+                         int rows, int cols, float eps, int broadcast, int staged, int method) {
+    __shared__ SeqSumScratch scratch;
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
+    float* stage = staged ? norm_stage(cols) : 0;
     if (ADD) {
+        // x + b, written out (in place when sum_out is x) and kept staged.
         const float* br = b + (broadcast ? 0 : (size_t)r * cols);
         float* sr = sum_out + (size_t)r * cols;
-        for (int c = lane; c < cols; c += 32) sr[c] = xr[c] + br[c];
+#pragma unroll 4
+        for (int c = lane; c < cols; c += 32) {
+            const float v = xr[c] + br[c];
+            sr[c] = v;
+            if (stage) stage[c] = v;
+        }
         __syncwarp();
-        xr = sr;
+        xr = stage ? stage : sr;
+    } else {
+        xr = stage_row(xr, stage, cols);
     }
     auto term = [&](int i) -> double {
         const float v = xr[i];
         return (double)(v * v);
     };
-    const double sum = seq_sum_nonneg(term, cols, &scratch[warp]);
+    const double sum = seq_sum(term, cols, &scratch, method);
     const float mean = __double2float_rn(sum / (double)cols);
     const float scale = 1.0f / sqrtf(mean + eps);
     auto val = [&](int e) -> float { return (xr[e] * scale) * w[e]; };
@@ -75,14 +84,16 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
 }
 
 #define NORM_QUANT_ENTRIES(SUFFIX, F)                                                          \
-    extern "C" __global__ void __launch_bounds__(128) rms_norm_quant_##SUFFIX(                 \
-        const float* x, const float* w, u8* out, int rows, int cols, float eps) {              \
-        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0);                        \
+    extern "C" __global__ void __launch_bounds__(32) rms_norm_quant_##SUFFIX(                  \
+        const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
+        int method) {                                                                          \
+        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) add_rms_norm_quant_##SUFFIX(             \
+    extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
-        int cols, float eps, int broadcast) {                                                  \
-        norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast);           \
+        int cols, float eps, int broadcast, int staged, int method) {                          \
+        norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
+                                 method);                                                      \
     }
 NORM_QUANT_ENTRIES(q8_0, 0)
 NORM_QUANT_ENTRIES(q8_1, 1)

@@ -4,7 +4,7 @@
 
 use super::launch::{
     bad_call, blocks_for, check_aligned, check_arity, launch as enqueue, natural_alignment,
-    unsupported, Arg, BLOCK,
+    row_stage, unsupported, Arg, BLOCK,
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -30,9 +30,6 @@ pub(super) const KERNELS: &[&str] = &[
     "rope_set_rows_f16",
     "rope_set_rows_bf16",
 ];
-
-/// Rows per block of the norm kernels (one warp each).
-const ROWS_PER_BLOCK: usize = 4;
 
 fn act_suffix(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
     Ok(match dtype {
@@ -66,12 +63,13 @@ pub(super) unsafe fn rms_norm_quantize(
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
     let rows = x.tensor.rows();
     let name = format!("rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    let (stage_bytes, staged) = row_stage(x.tensor.cols());
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
-        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
-        (32 * ROWS_PER_BLOCK) as u32,
-        0,
+        (rows as u32, 1, 1),
+        32,
+        stage_bytes,
         &[
             Arg::Ptr(x.ptr),
             Arg::Ptr(w.ptr),
@@ -79,6 +77,8 @@ pub(super) unsafe fn rms_norm_quantize(
             Arg::I32(rows as i32),
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
+            Arg::I32(staged),
+            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
         ],
         OP,
     )
@@ -109,12 +109,13 @@ pub(super) unsafe fn add_rms_norm_quantize(
     let rows = x.tensor.rows();
     let broadcast = b.tensor.rows() == 1;
     let name = format!("add_rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    let (stage_bytes, staged) = row_stage(x.tensor.cols());
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
-        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
-        (32 * ROWS_PER_BLOCK) as u32,
-        0,
+        (rows as u32, 1, 1),
+        32,
+        stage_bytes,
         &[
             Arg::Ptr(x.ptr),
             Arg::Ptr(b.ptr),
@@ -125,6 +126,8 @@ pub(super) unsafe fn add_rms_norm_quantize(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(broadcast as i32),
+            Arg::I32(staged),
+            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
         ],
         OP,
     )

@@ -26,6 +26,52 @@ pub(crate) fn blocks_for(count: u64) -> u32 {
     count.div_ceil(BLOCK as u64).max(1) as u32
 }
 
+/// Rows up to this many bytes are staged in shared memory by the one-warp
+/// row kernels (rms_norm, layer_norm, softmax and the fused norms), beside
+/// their 12 KiB of static scratch.
+pub(crate) const ROW_STAGE_LIMIT: usize = 32 * 1024;
+
+/// `(dynamic shared bytes, staged flag)` for a row of `cols` f32 values.
+pub(crate) fn row_stage(cols: usize) -> (u32, i32) {
+    if cols * 4 <= ROW_STAGE_LIMIT {
+        ((cols * 4) as u32, 1)
+    } else {
+        (0, 0)
+    }
+}
+
+/// The environment variable choosing how the row kernels reproduce the
+/// CPU's sequential f64 sums: `sequential` (one lane, in order), `parallel`
+/// (the exact parallel scheme of common.cu) or `auto` (the default:
+/// sequential up to [`SEQUENTIAL_SUM_MAX_COLS`] columns, parallel above).
+/// All give the same bits; they differ only in speed (H200, 576 columns:
+/// sequential 8.2 µs, parallel 10.9 µs per rms_norm node).
+pub const F64_SUM_ENV: &str = "WEFT_CUDA_F64_SUM";
+
+/// Rows up to this length sum sequentially under `auto`.
+pub const SEQUENTIAL_SUM_MAX_COLS: usize = 1024;
+
+/// The kernels' `method` argument (0 parallel, 1 sequential) for a row of
+/// `cols` under [`F64_SUM_ENV`].
+pub(crate) fn f64_sum_method(op: &'static str, cols: usize) -> Result<i32, OpError> {
+    let auto = || {
+        if cols <= SEQUENTIAL_SUM_MAX_COLS {
+            1
+        } else {
+            0
+        }
+    };
+    match std::env::var(F64_SUM_ENV).as_deref() {
+        Err(_) | Ok("auto") => Ok(auto()),
+        Ok("parallel") => Ok(0),
+        Ok("sequential") => Ok(1),
+        Ok(other) => Err(bad_call(
+            op,
+            format!("{F64_SUM_ENV}={other:?} is not one of: auto, parallel, sequential"),
+        )),
+    }
+}
+
 /// Enqueues `func` on `stream`.
 ///
 /// # Safety

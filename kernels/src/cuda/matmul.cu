@@ -57,41 +57,134 @@ struct Act {
     }
 };
 
-template <class F, int TT>
-DEV void mm_block32(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+// Copies `bytes` (a multiple of 2) from global to shared memory with the
+// whole block, in batches of independent loads.
+DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
+    const u16* s = (const u16*)src;
+    u16* d = (u16*)dst;
+    const int n = bytes / 2, nt = blockDim.x;
+    int i = threadIdx.x;
+    for (; i + 3 * nt < n; i += 4 * nt) {
+        const u16 a = s[i], b = s[i + nt], c = s[i + 2 * nt], e = s[i + 3 * nt];
+        d[i] = a;
+        d[i + nt] = b;
+        d[i + 2 * nt] = c;
+        d[i + 3 * nt] = e;
+    }
+    for (; i < n; i += nt) d[i] = s[i];
+}
+
+// Decode (one token): eight lanes per weight row, 32 rows per block. The
+// activation row is staged in shared memory; each thread issues the loads
+// of up to MV_CHUNK blocks of its row before using any.
+#define MV_CHUNK 24
+
+template <class F>
+DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
+    extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int k = threadIdx.x & 7;
     const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
-    const int t0 = blockIdx.y * TT;
     const int r = min(row, m - 1);
     const u8* wrow = w + (size_t)r * nb * F::BYTES;
-    const size_t arow = (size_t)nb * A::BYTES;
-    const u8* a[TT];
+    u32 wq[MV_CHUNK];
+    float wd[MV_CHUNK], wm[MV_CHUNK];
+    auto load = [&](int b0) {
 #pragma unroll
-    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * arow;
-    float acc[TT], summs[TT];
+        for (int j = 0; j < MV_CHUNK; j++) {
+            const u8* wb = wrow + (size_t)min(b0 + j, nb - 1) * F::BYTES;
+            wq[j] = F::codes(wb, k);
+            wd[j] = ld_f16(wb);
+            wm[j] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+        }
+    };
+    load(0);
+    stage_bytes(mm_dyn, act, nb * A::BYTES);
+    __syncthreads();
+    float acc = 0.0f, summs = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += MV_CHUNK) {
+        if (b0 > 0) load(b0);
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = summs[t] = 0.0f;
-#pragma unroll 2
-    for (int b = 0; b < nb; b++) {
-        const u8* wb = wrow + (size_t)b * F::BYTES;
-        const u32 wq = F::codes(wb, k);
-        const float wd = ld_f16(wb);
-        const float wm = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            const u8* ab = a[t] + (size_t)b * A::BYTES;
-            const int isum = __dp4a((int)wq, (int)A::quants(ab, k), 0);
-            const float dd = __fmul_rn(wd, ld_f16(ab));
-            acc[t] = __fmaf_rn(dd, (float)isum, acc[t]);
-            if (F::HAS_MIN) summs[t] = __fmaf_rn(wm, ld_f16(ab + 2), summs[t]);
+        for (int j = 0; j < MV_CHUNK; j++) {
+            if (b0 + j < nb) {
+                const u8* ab = mm_dyn + (b0 + j) * A::BYTES;
+                const int isum = __dp4a((int)wq[j], (int)A::quants(ab, k), 0);
+                acc = __fmaf_rn(__fmul_rn(wd[j], ld_f16(ab)), (float)isum, acc);
+                if (F::HAS_MIN) summs = __fmaf_rn(wm[j], ld_f16(ab + 2), summs);
+            }
         }
     }
+    float s = hsum8_lanes(acc);
+    if (F::HAS_MIN) s = s + summs;
+    if (k == 0 && row < m) out[row] = s;
+}
+
+// Prefill: lane k of eight, two weight rows and eight tokens per thread
+// (64 rows x 8 tokens per block); the eight activation rows are staged in
+// shared memory. `summs` of token t is chained by lane t of the group.
+template <class F>
+DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    extern __shared__ u8 mm_dyn[];
+    typedef Act<F::HAS_MIN> A;
+    const int k = threadIdx.x & 7;
+    const int group = threadIdx.x >> 3;
+    const int row0 = blockIdx.x * (blockDim.x / 4) + 2 * group;
+    const int t0 = blockIdx.y * 8;
+    const int rows[2] = {min(row0, m - 1), min(row0 + 1, m - 1)};
+    const size_t arow = (size_t)nb * A::BYTES;
+    for (int t = 0; t < 8; t++)
+        stage_bytes(mm_dyn + t * arow, act + (size_t)min(t0 + t, n - 1) * arow, (int)arow);
+    __syncthreads();
+    float acc[2][8], summs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        float s = hsum8_lanes(acc[t]);
-        if (F::HAS_MIN) s = s + summs[t];
-        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int t = 0; t < 8; t++) acc[q][t] = 0.0f;
+    const u8* wr[2] = {w + (size_t)rows[0] * nb * F::BYTES, w + (size_t)rows[1] * nb * F::BYTES};
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        u32 wq[4][2];
+        float wd[4][2], wm[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const u8* wb = wr[q] + (size_t)min(b0 + j, nb - 1) * F::BYTES;
+                wq[j][q] = F::codes(wb, k);
+                wd[j][q] = ld_f16(wb);
+                wm[j][q] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+            }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int b = b0 + j;
+            if (b >= nb) break;
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                const u8* ab = mm_dyn + t * arow + (size_t)b * A::BYTES;
+                const u32 xq = A::quants(ab, k);
+                const float xd = ld_f16(ab);
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int isum = __dp4a((int)wq[j][q], (int)xq, 0);
+                    acc[q][t] = __fmaf_rn(__fmul_rn(wd[j][q], xd), (float)isum, acc[q][t]);
+                }
+            }
+            if (F::HAS_MIN) {
+                const float xs = ld_f16(mm_dyn + k * arow + (size_t)b * A::BYTES + 2);
+#pragma unroll
+                for (int q = 0; q < 2; q++) summs[q] = __fmaf_rn(wm[j][q], xs, summs[q]);
+            }
+        }
+    }
+    const int lane0 = (threadIdx.x & 31) & ~7;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            float s = hsum8_lanes(acc[q][t]);
+            if (F::HAS_MIN) s = s + __shfl_sync(FULL_MASK, summs[q], lane0 + t);
+            const int row = row0 + q;
+            if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+        }
     }
 }
 
@@ -343,14 +436,19 @@ DEV void mm_float_tiny(const u8* w, const u8* act, float* out, int m, int n, int
         BODY(w, act, out, m, n, kb);                                                           \
     }
 
-MM_ENTRY(mm_q4_0_t1, (mm_block32<FmtQ4_0, 1>))
-MM_ENTRY(mm_q4_0_t4, (mm_block32<FmtQ4_0, 4>))
-MM_ENTRY(mm_q4_1_t1, (mm_block32<FmtQ4_1, 1>))
-MM_ENTRY(mm_q4_1_t4, (mm_block32<FmtQ4_1, 4>))
-MM_ENTRY(mm_q5_0_t1, (mm_block32<FmtQ5_0, 1>))
-MM_ENTRY(mm_q5_0_t4, (mm_block32<FmtQ5_0, 4>))
-MM_ENTRY(mm_q8_0_t1, (mm_block32<FmtQ8_0, 1>))
-MM_ENTRY(mm_q8_0_t4, (mm_block32<FmtQ8_0, 4>))
+#define MV_ENTRY(NAME, F)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        NAME(const u8* w, const u8* act, float* out, int m, int n, int nb) {                   \
+        mv_block32<F>(w, act, out, m, nb);                                                     \
+    }
+MV_ENTRY(mm_q4_0_t1, FmtQ4_0)
+MV_ENTRY(mm_q4_1_t1, FmtQ4_1)
+MV_ENTRY(mm_q5_0_t1, FmtQ5_0)
+MV_ENTRY(mm_q8_0_t1, FmtQ8_0)
+MM_ENTRY(mm_q4_0_t8, mm_block32_tiled<FmtQ4_0>)
+MM_ENTRY(mm_q4_1_t8, mm_block32_tiled<FmtQ4_1>)
+MM_ENTRY(mm_q5_0_t8, mm_block32_tiled<FmtQ5_0>)
+MM_ENTRY(mm_q8_0_t8, mm_block32_tiled<FmtQ8_0>)
 MM_ENTRY(mm_q4_k_t1, mm_q4k<1>)
 MM_ENTRY(mm_q4_k_t4, mm_q4k<4>)
 MM_ENTRY(mm_q6_k_t1, mm_q6k<1>)

@@ -12,13 +12,13 @@ use weft_ops::{DType, OpError, OpNode};
 
 pub(super) const KERNELS: &[&str] = &[
     "mm_q4_0_t1",
-    "mm_q4_0_t4",
+    "mm_q4_0_t8",
     "mm_q4_1_t1",
-    "mm_q4_1_t4",
+    "mm_q4_1_t8",
     "mm_q5_0_t1",
-    "mm_q5_0_t4",
+    "mm_q5_0_t8",
     "mm_q8_0_t1",
-    "mm_q8_0_t4",
+    "mm_q8_0_t8",
     "mm_q4_k_t1",
     "mm_q4_k_t4",
     "mm_q6_k_t1",
@@ -71,17 +71,60 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
     }
 }
 
-/// Kernel name, rows per block and tokens per thread for a product.
-fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> (String, usize, usize) {
+/// Kernels that stage activations in more than 48 KiB of shared memory for
+/// long rows (their limit is raised at load).
+pub(super) const LARGE_SHARED: &[&str] = &[
+    "mm_q4_0_t1",
+    "mm_q4_0_t8",
+    "mm_q4_1_t1",
+    "mm_q4_1_t8",
+    "mm_q5_0_t1",
+    "mm_q5_0_t8",
+    "mm_q8_0_t1",
+    "mm_q8_0_t8",
+];
+
+/// How one product is launched.
+struct Plan {
+    kernel: String,
+    rows_per_block: usize,
+    tokens_per_block: usize,
+    shared_bytes: usize,
+}
+
+fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
     let tt = if n == 1 { 1 } else { TOKENS_PER_THREAD };
-    let quant = |name: &str| (format!("mm_{name}_t{tt}"), 32, tt);
+    let simple = |kernel: String, rows_per_block: usize, tokens: usize| Plan {
+        kernel,
+        rows_per_block,
+        tokens_per_block: tokens,
+        shared_bytes: 0,
+    };
+    let block32 = |name: &str| {
+        let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
+        if n == 1 {
+            Plan {
+                kernel: format!("mm_{name}_t1"),
+                rows_per_block: 32,
+                tokens_per_block: 1,
+                shared_bytes: act_row,
+            }
+        } else {
+            Plan {
+                kernel: format!("mm_{name}_t8"),
+                rows_per_block: 64,
+                tokens_per_block: 8,
+                shared_bytes: 8 * act_row,
+            }
+        }
+    };
     match wdtype {
-        DType::Q4_0 => quant("q4_0"),
-        DType::Q4_1 => quant("q4_1"),
-        DType::Q5_0 => quant("q5_0"),
-        DType::Q8_0 => quant("q8_0"),
-        DType::Q4_K => quant("q4_k"),
-        DType::Q6_K => quant("q6_k"),
+        DType::Q4_0 => block32("q4_0"),
+        DType::Q4_1 => block32("q4_1"),
+        DType::Q5_0 => block32("q5_0"),
+        DType::Q8_0 => block32("q8_0"),
+        DType::Q4_K => simple(format!("mm_q4_k_t{tt}"), 32, tt),
+        DType::Q6_K => simple(format!("mm_q6_k_t{tt}"), 32, tt),
         _ => {
             let name = match wdtype {
                 DType::F32 => "f32",
@@ -92,13 +135,13 @@ fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> (String, usize, usize) {
             // ggml's tinyBLAS takes products of two or more tokens whose k and
             // weight rows fit its tiles; otherwise vec_dot.
             if n >= 2 && k.is_multiple_of(step) && m.is_multiple_of(4) {
-                (
+                simple(
                     format!("mm_{name}_tiny_t{TOKENS_PER_THREAD}"),
                     16,
                     TOKENS_PER_THREAD,
                 )
             } else {
-                (format!("mm_{name}_dot_t{tt}"), 16, tt)
+                simple(format!("mm_{name}_dot_t{tt}"), 16, tt)
             }
         }
     }
@@ -142,23 +185,32 @@ pub(super) unsafe fn launch(
     if act % natural_alignment(act_dtype) != 0 {
         return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
     }
-    let (name, rows_per_block, tt) = plan(w.tensor.dtype, k, m, n);
+    let p = plan(w.tensor.dtype, k, m, n);
+    if p.shared_bytes > kernels.large_shared_limit {
+        return Err(bad_call(
+            OP,
+            format!(
+                "rows of {k} need {} bytes of shared memory per block",
+                p.shared_bytes
+            ),
+        ));
+    }
     let kb = if w.tensor.dtype.is_quantized() {
         k / w.tensor.dtype.block_len()
     } else {
         k
     };
-    let grid_y = n.div_ceil(tt);
+    let grid_y = n.div_ceil(p.tokens_per_block);
     if grid_y > 65_535 {
         return Err(bad_call(OP, format!("{n} tokens exceed one launch")));
     }
-    let f = kernels.fns.get(OP, &name)?;
+    let f = kernels.fns.get(OP, &p.kernel)?;
     enqueue(
         stream,
         f,
-        (m.div_ceil(rows_per_block) as u32, grid_y as u32, 1),
+        (m.div_ceil(p.rows_per_block) as u32, grid_y as u32, 1),
         256,
-        0,
+        p.shared_bytes as u32,
         &[
             Arg::Ptr(w.ptr),
             Arg::Ptr(act),

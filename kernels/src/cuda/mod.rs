@@ -22,10 +22,15 @@
 //! the same bits as the CPU kernels, which reproduce llama.cpp's x86
 //! arithmetic: every fused multiply-add is written out (NVRTC runs with
 //! `--fmad=false`), glibc's `expf` and ggml's `ggml_v_expf` are ported, the
-//! f64 sums of rms_norm and softmax are reproduced exactly. The other
-//! weight formats follow the CPU's order too. Exceptions: soft-capped
-//! attention scores (CUDA's `tanhf`) and rope positions past the uploaded
-//! table (CUDA's `cosf`/`sinf`) are within a few ulp, not bit-exact.
+//! f64 sums of rms_norm and softmax are reproduced exactly (in order by one
+//! lane, or by an exact parallel scheme for long rows: [`F64_SUM_ENV`]).
+//! The other weight formats follow the CPU's order too. Exceptions:
+//! soft-capped attention scores (CUDA's `tanhf`) and rope positions past the
+//! uploaded table (CUDA's `cosf`/`sinf`) are within a few ulp, not
+//! bit-exact. `scripts/cuda/NOTES.md` has the device measurements.
+//!
+//! Environment: [`PTX_CACHE_ENV`] (keep compiled PTX between processes),
+//! [`TABLE_POSITIONS_ENV`] (rope table length), [`F64_SUM_ENV`].
 
 mod argmax;
 mod attention;
@@ -40,6 +45,7 @@ mod rows;
 mod softmax;
 
 pub use cudarc;
+pub use launch::{F64_SUM_ENV, SEQUENTIAL_SUM_MAX_COLS};
 pub use module::PTX_CACHE_ENV;
 pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
@@ -86,8 +92,9 @@ pub struct CudaKernels {
     fns: module::Functions,
     rope_tables: Mutex<HashMap<rope::TableKey, rope::Table>>,
     gelu: OnceLock<CudaSlice<u16>>,
-    /// Dynamic shared memory the tiled attention kernels may use.
-    tiled_shared_limit: usize,
+    /// Dynamic shared memory the kernels of `matmul::LARGE_SHARED` and
+    /// `attention::LARGE_SHARED` may use.
+    large_shared_limit: usize,
 }
 
 impl CudaKernels {
@@ -112,22 +119,20 @@ impl CudaKernels {
             )
             .map_err(|e| driver_error("cuda", "reading the shared-memory limit", e))?
             .max(48 * 1024) as usize;
-        let want = attention::tiled_shared_bytes(attention::MAX_HEAD_DIM, weft_ops::DType::F32);
-        let limit = want.min(optin);
-        for name in ["attn_tiled_f16", "attn_tiled_f32"] {
-            fns.get("attention", name)?
+        for &name in matmul::LARGE_SHARED.iter().chain(attention::LARGE_SHARED) {
+            fns.get("matmul", name)?
                 .set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    limit as i32,
+                    optin as i32,
                 )
-                .map_err(|e| driver_error("attention", "raising the shared-memory limit", e))?;
+                .map_err(|e| driver_error("matmul", "raising the shared-memory limit", e))?;
         }
         Ok(CudaKernels {
             ctx,
             fns,
             rope_tables: Mutex::new(HashMap::new()),
             gelu: OnceLock::new(),
-            tiled_shared_limit: limit,
+            large_shared_limit: optin,
         })
     }
 
@@ -383,11 +388,16 @@ pub mod testing {
         run_unary(k, stream, "test_v_expf", xs)
     }
 
-    /// The device's exact reproduction of `let mut s = 0.0; for t in ts { s += t }`.
-    pub fn seq_sum(k: &CudaKernels, stream: &Arc<CudaStream>, ts: &[f64]) -> Result<f64, OpError> {
+    /// The device's exact reproduction of `let mut s = 0.0; for t in ts { s += t }`,
+    /// and whether it took its sequential fallback.
+    pub fn seq_sum(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        ts: &[f64],
+    ) -> Result<(f64, bool), OpError> {
         let err = |e| driver_error("test", "seq_sum", e);
         let t = stream.clone_htod(ts).map_err(err)?;
-        let mut out = stream.alloc_zeros::<f64>(1).map_err(err)?;
+        let mut out = stream.alloc_zeros::<f64>(2).map_err(err)?;
         {
             let (tp, _a) = t.device_ptr(stream);
             let (op, _b) = out.device_ptr_mut(stream);
@@ -404,7 +414,8 @@ pub mod testing {
                 )?;
             }
         }
-        Ok(stream.clone_dtoh(&out).map_err(err)?[0])
+        let v = stream.clone_dtoh(&out).map_err(err)?;
+        Ok((v[0], v[1] != 0.0))
     }
 }
 

@@ -1,14 +1,11 @@
 //! RMS norm and LayerNorm on CUDA (f64 sums reproduced exactly, see norm.cu).
 
-use super::launch::{check_aligned, check_arity, launch as enqueue, Arg};
+use super::launch::{check_aligned, check_arity, launch as enqueue, row_stage, Arg};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
 use weft_ops::OpError;
 
 pub(super) const KERNELS: &[&str] = &["rms_norm", "layer_norm", "test_seq_sum"];
-
-/// Rows per block (one warp each).
-const ROWS_PER_BLOCK: usize = 4;
 
 /// # Safety
 /// See [`CudaKernels::launch`].
@@ -26,12 +23,13 @@ pub(super) unsafe fn rms_norm(
     }
     let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
     let rows = x.tensor.rows();
+    let (stage_bytes, staged) = row_stage(x.tensor.cols());
     enqueue(
         stream,
         kernels.fns.get(OP, "rms_norm")?,
-        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
-        (32 * ROWS_PER_BLOCK) as u32,
-        0,
+        (rows as u32, 1, 1),
+        32,
+        stage_bytes,
         &[
             Arg::Ptr(x.ptr),
             Arg::Ptr(w.ptr),
@@ -39,6 +37,8 @@ pub(super) unsafe fn rms_norm(
             Arg::I32(rows as i32),
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
+            Arg::I32(staged),
+            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
         ],
         OP,
     )
@@ -60,12 +60,13 @@ pub(super) unsafe fn layer_norm(
     }
     let (x, out) = (&ins[0], &outs[0]);
     let rows = x.tensor.rows();
+    let (stage_bytes, staged) = row_stage(x.tensor.cols());
     enqueue(
         stream,
         kernels.fns.get(OP, "layer_norm")?,
-        (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
-        (32 * ROWS_PER_BLOCK) as u32,
-        0,
+        (rows as u32, 1, 1),
+        32,
+        stage_bytes,
         &[
             Arg::Ptr(x.ptr),
             Arg::Ptr(ins[1].ptr),
@@ -74,6 +75,8 @@ pub(super) unsafe fn layer_norm(
             Arg::I32(rows as i32),
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
+            Arg::I32(staged),
+            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
         ],
         OP,
     )
