@@ -8,6 +8,11 @@
 //!   576x1536, and the 49152x576 Q8_0 head): ~96 MB of weights, streamed.
 //! - `decode/<fmt>/{1,2}t`: the same 30-layer set of shapes in one format.
 //! - `prefill/<fmt>/{1,2}t`: 512 tokens through one layer's seven matrices.
+//! - `decode_gemma3/{1,2}t`: one token through Gemma 3 270M Q4_K_M's
+//!   matrices in their formats (18 layers of Q5_0 q/k/gate/up, Q5_0 or Q8_0
+//!   v, Q4_K attention output, Q4_K or Q6_K down, and the 262144x640 Q8_0
+//!   head: ~240 MB, the head ~178 MB of it); `decode_gemma3_head/{1,2}t`:
+//!   the head alone.
 //!
 //! Threads split the weight rows (`OutColumns::split_at`), one
 //! `std::thread::scope` per pass. `QUANT_BENCH_TABLE=1` prints a summary
@@ -105,6 +110,11 @@ impl Model {
         if head {
             mats.push(matrix(rng, DType::Q8_0, 49152, 576));
         }
+        Model::with_acts(rng, mats, n)
+    }
+
+    /// Activations for `mats` (`n` rows per distinct k and format).
+    fn with_acts(rng: &mut Rng, mats: Vec<Matrix>, n: usize) -> Model {
         let mut acts: Vec<(usize, Vec<u8>)> = Vec::new();
         for m in &mats {
             let adtype = vec_dot_type(m.dtype);
@@ -119,6 +129,26 @@ impl Model {
             }
         }
         Model { mats, acts, n }
+    }
+
+    /// Gemma 3 270M Q4_K_M's matrices (one token), optionally without the
+    /// layers (the head alone).
+    fn gemma3(rng: &mut Rng, layers: bool) -> Model {
+        let (h, q, kv, f) = (640, 1024, 256, 2048);
+        let mut mats = Vec::new();
+        for l in 0..if layers { 18 } else { 0 } {
+            let v = if l % 2 == 0 { DType::Q5_0 } else { DType::Q8_0 };
+            let down = if l % 2 == 0 { DType::Q4_K } else { DType::Q6_K };
+            mats.push(matrix(rng, DType::Q5_0, q, h));
+            mats.push(matrix(rng, DType::Q5_0, kv, h));
+            mats.push(matrix(rng, v, kv, h));
+            mats.push(matrix(rng, DType::Q4_K, h, q));
+            mats.push(matrix(rng, DType::Q5_0, f, h));
+            mats.push(matrix(rng, DType::Q5_0, f, h));
+            mats.push(matrix(rng, down, h, f));
+        }
+        mats.push(matrix(rng, DType::Q8_0, 262_144, h));
+        Model::with_acts(rng, mats, 1)
     }
 
     fn weight_bytes(&self) -> u64 {
@@ -246,6 +276,17 @@ fn criterion_benches(c: &mut Criterion) {
     g.finish();
     drop(model);
 
+    for (name, layers) in [("decode_gemma3", true), ("decode_gemma3_head", false)] {
+        let model = Model::gemma3(&mut rng, layers);
+        let mut outs = model.outputs();
+        let mut g = c.benchmark_group(name);
+        g.throughput(Throughput::Bytes(model.weight_bytes()));
+        for t in [1, 2] {
+            g.bench_function(format!("{t}t"), |b| b.iter(|| model.pass(t, &mut outs)));
+        }
+        g.finish();
+    }
+
     for dtype in FORMATS {
         let model = Model::new(&mut rng, dtype, 30, false, 1);
         let mut outs = model.outputs();
@@ -330,6 +371,21 @@ fn table() {
         println!("decode 8x SmolLM2 layers ({mb:.0} MB, beyond L3) {t}t: {g:.1} GB/s = {:.0}% of bandwidth", 100.0 * g / bw_t[i]);
     }
     drop(model);
+
+    for (name, layers) in [("Gemma 3 270M", true), ("Gemma 3 head", false)] {
+        let model = Model::gemma3(&mut rng, layers);
+        let mut outs = model.outputs();
+        let mb = model.weight_bytes() as f64 / 1e6;
+        for (i, t) in [1, 2].into_iter().enumerate() {
+            let d = best(10, || model.pass(t, &mut outs));
+            let g = gbs(model.weight_bytes(), d);
+            println!(
+                "decode {name} ({mb:.0} MB) {t}t: {:.2} ms/token, {g:.1} GB/s = {:.0}% of bandwidth",
+                d.as_secs_f64() * 1e3,
+                100.0 * g / bw_t[i]
+            );
+        }
+    }
 
     println!(
         "{:<6} {:>9} {:>16} {:>16} {:>14} {:>14}",
@@ -438,7 +494,91 @@ fn chunks() {
     }
 }
 
+/// Process CPU time (all threads): unaffected by time the process waits
+/// for a core on a loaded machine.
+fn cpu_time() -> Duration {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.sec as u64, ts.nsec as u32)
+}
+
+/// Best wall time and best CPU time of `reps` runs of `f`.
+fn best_both(reps: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+    f();
+    let (mut wall, mut cpu) = (Duration::MAX, Duration::MAX);
+    for _ in 0..reps {
+        let (t, c) = (Instant::now(), cpu_time());
+        f();
+        wall = wall.min(t.elapsed());
+        cpu = cpu.min(cpu_time().saturating_sub(c));
+    }
+    (wall, cpu)
+}
+
+/// Temporary A/B of two kernel variants in one run (`WEFT_OLD_MATVEC`).
+fn ab() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let bw = Bandwidth::new();
+    let gbs = |bytes: u64, d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    let models = [
+        ("gemma3 head", Model::gemma3(&mut rng, false)),
+        ("gemma3 all", Model::gemma3(&mut rng, true)),
+        ("q5_0 x30", Model::new(&mut rng, DType::Q5_0, 30, false, 1)),
+        ("q8_0 x30", Model::new(&mut rng, DType::Q8_0, 30, false, 1)),
+        ("q4_k x30", Model::new(&mut rng, DType::Q4_K, 30, false, 1)),
+        ("q6_k x30", Model::new(&mut rng, DType::Q6_K, 30, false, 1)),
+    ];
+    for round in 0..3 {
+        for t in [1, 2] {
+            let (bw_wall, bw_cpu) = best_both(3, || {
+                black_box(bw.pass(t));
+            });
+            println!(
+                "round {round} {t}t membw wall {:.1} GB/s, cpu {:.1} GB/s",
+                gbs(bw.bytes(), bw_wall),
+                gbs(bw.bytes(), bw_cpu) * t as f64
+            );
+            for (name, m) in &models {
+                let mut outs = m.outputs();
+                let mut line = format!("round {round} {t}t {name:<12}");
+                for old in [true, false, true, false] {
+                    if old {
+                        std::env::set_var("WEFT_OLD_MATVEC", "1");
+                    } else {
+                        std::env::remove_var("WEFT_OLD_MATVEC");
+                    }
+                    let (wall, cpu) = best_both(6, || m.pass(t, &mut outs));
+                    line += &format!(
+                        " | {} wall {:5.1} cpu {:5.1}",
+                        if old { "old" } else { "new" },
+                        gbs(m.weight_bytes(), wall),
+                        gbs(m.weight_bytes(), cpu) * t as f64
+                    );
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
+
 fn main() {
+    if std::env::var("QUANT_BENCH_AB").is_ok_and(|v| v == "1") {
+        ab();
+        return;
+    }
     if std::env::var("QUANT_BENCH_CHUNKS").is_ok_and(|v| v == "1") {
         chunks();
         return;

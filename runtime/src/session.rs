@@ -411,7 +411,10 @@ impl<'e> GraphSession<'e> {
         for cb in &s.command_buffers {
             let prepared = self.prepare_cuda(cb, payloads)?;
             works.push(cuda.submit(prepared));
-            crate::counters::LiveCounters::add(&self.exec.counters.dispatches, cb.nodes.len() as u64);
+            crate::counters::LiveCounters::add(
+                &self.exec.counters.dispatches,
+                cb.nodes.len() as u64,
+            );
             crate::counters::LiveCounters::add(
                 &self.exec.counters.barriers,
                 cb.level_count().saturating_sub(1) as u64,

@@ -152,7 +152,9 @@ impl ModelArgs {
             }
             other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(i)) => Device::Cuda(i),
-                _ => anyhow::bail!("--backend `{other}` is not one of: auto, cpu, cuda, cuda:N, metal"),
+                _ => anyhow::bail!(
+                    "--backend `{other}` is not one of: auto, cpu, cuda, cuda:N, metal"
+                ),
             },
         };
         if let Some(why) = device.unavailable_reason() {

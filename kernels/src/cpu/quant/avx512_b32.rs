@@ -13,9 +13,8 @@
 //! reduction replays `hsum_float_8`. Results are bit-identical to the
 //! scalar path.
 //!
-//! **Decode** (`matvec`): eight rows per step straight from the weight
-//! rows (GGUF layout, no repacking), their scales fetched with one gather,
-//! the next rows prefetched; no allocation.
+//! **Decode** lives in `avx512_b32_mv.rs` (two rows per register, straight
+//! from the GGUF rows); this file keeps the shared token preparation.
 //!
 //! **Prefill** (`gemm`): weights of 16 rows are unpacked once into a panel
 //! of ready-to-multiply codes and scales, then multiplied with tiles of 8
@@ -32,7 +31,7 @@ use core::arch::x86_64::*;
 
 /// Byte offsets of rows 0..8 of a group (row `r` at `r * row_bytes`),
 /// clamped to the last valid row so partial groups read valid memory.
-fn row_offsets(row_bytes: usize, valid: usize) -> [i32; 8] {
+pub(crate) fn row_offsets(row_bytes: usize, valid: usize) -> [i32; 8] {
     let mut o = [0i32; 8];
     for (r, v) in o.iter_mut().enumerate() {
         *v = (r.min(valid - 1) * row_bytes) as i32;
@@ -124,121 +123,6 @@ fn hsum_rows(lo: __m512, hi: __m512) -> __m512 {
     _mm512_add_ps(s2, _mm512_permute_ps::<0b11_11_01_01>(s2))
 }
 
-/// Rows of one weight block group ahead to prefetch during decode.
-const PREFETCH_GROUPS: usize = 2;
-
-/// Decode: `out[r] = w_row(r) . act` for `rows` consecutive weight rows
-/// starting at `w` (`row_bytes` apart, `nb` blocks each) and one activation
-/// row `act`, using `tok` (room for `nb` entries) as scratch. `out` has
-/// room for `rows` floats.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matvec<F: Block32>(
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    act: *const u8,
-    nb: usize,
-    out: *mut f32,
-    tok: *mut TokBlock,
-) {
-    prepare_tokens::<F>(act, nb, tok);
-    let mut r0 = 0;
-    while r0 < rows {
-        let valid = (rows - r0).min(8);
-        let base = w.add(r0 * row_bytes);
-        let ahead = r0 + 8 * PREFETCH_GROUPS;
-        let next = if ahead < rows {
-            Some(w.add(ahead * row_bytes))
-        } else {
-            None
-        };
-        let res = matvec8::<F>(base, row_bytes, valid, act, tok, nb, next);
-        let mask = (1u16 << valid) - 1;
-        _mm256_mask_storeu_ps(out.add(r0), mask as u8, res);
-        r0 += 8;
-    }
-}
-
-/// Eight rows (the last `8 - valid` repeat row `valid - 1`) against one
-/// activation row (`tok`: its prepared blocks); returns the eight dot
-/// products. `next`: rows to prefetch.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn matvec8<F: Block32>(
-    base: *const u8,
-    row_bytes: usize,
-    valid: usize,
-    act: *const u8,
-    tok: *const TokBlock,
-    nb: usize,
-    next: Option<*const u8>,
-) -> __m256 {
-    let offs = row_offsets(row_bytes, valid);
-    let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
-    let ab = act_bytes(F::HAS_MIN);
-    let idx_a = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-    let idx_b = _mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14);
-    let z = _mm512_setzero_ps();
-    let (mut lo_a, mut hi_a, mut lo_b, mut hi_b, mut summs) = (z, z, z, z, z);
-    for b in 0..nb {
-        let x = base.add(b * F::BYTES);
-        if let Some(n) = next {
-            // A hint only: addresses past the matrix are harmless.
-            let p = n.wrapping_add(b * 8 * F::BYTES);
-            for line in (0..8 * F::BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
-            }
-        }
-        let tb = &*tok.add(b);
-        let t = scales8(x, voffs);
-        let p = _mm512_mul_ps(t, _mm512_set1_ps(tb.dy));
-        if F::HAS_MIN {
-            summs = _mm512_fmadd_ps(t, _mm512_set1_ps(tb.s), summs);
-        }
-        let qy = act.add(b * ab + act_qs(F::HAS_MIN));
-        let a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(qy as *const __m128i));
-        let a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(qy.add(16) as *const __m128i));
-        let (init_lo, init_hi) = prepared_init::<F>(tb);
-        let (ca_lo, ca_hi) = codes4::<F>(x, &offs[0..4]);
-        let (cb_lo, cb_hi) = codes4::<F>(x, &offs[4..8]);
-        let (da, db) = (
-            _mm512_permutexvar_ps(idx_a, p),
-            _mm512_permutexvar_ps(idx_b, p),
-        );
-        let lanes = |init, codes, a| _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, codes, a));
-        lo_a = _mm512_fmadd_ps(da, lanes(init_lo, ca_lo, a_lo), lo_a);
-        hi_a = _mm512_fmadd_ps(da, lanes(init_hi, ca_hi, a_hi), hi_a);
-        lo_b = _mm512_fmadd_ps(db, lanes(init_lo, cb_lo, a_lo), lo_b);
-        hi_b = _mm512_fmadd_ps(db, lanes(init_hi, cb_hi, a_hi), hi_b);
-    }
-    let (sa, sb) = (hsum_rows(lo_a, hi_a), hsum_rows(lo_b, hi_b));
-    let pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
-    let res = _mm512_castps512_ps256(_mm512_permutex2var_ps(sa, pick, sb));
-    if F::HAS_MIN {
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm256_add_ps(
-            res,
-            _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, summs)),
-        )
-    } else {
-        res
-    }
-}
-
-/// The prepared offset start values of a block, spread to all four rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn prepared_init<F: Block32>(tb: &TokBlock) -> (__m512i, __m512i) {
-    if F::OFFSET == 0 {
-        return (_mm512_setzero_si512(), _mm512_setzero_si512());
-    }
-    (
-        _mm512_broadcast_i32x4(_mm_loadu_si128(tb.init_lo.as_ptr() as *const __m128i)),
-        _mm512_broadcast_i32x4(_mm_loadu_si128(tb.init_hi.as_ptr() as *const __m128i)),
-    )
-}
-
 /// One block of a four-row panel: codes ready for `vpdpbusd`, the row
 /// scales spread over their 128-bit lanes, and the row minimums spread for
 /// the (row, token) chains of [`tile`] (`m[8r..8r+8] = m_r`).
@@ -256,10 +140,10 @@ pub(crate) struct PanelBlock {
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 pub(crate) struct TokBlock {
-    init_lo: [i32; 4],
-    init_hi: [i32; 4],
-    dy: f32,
-    s: f32,
+    /// Lanes 0..3 (elements 0..15), then 4..7.
+    pub(crate) init: [i32; 8],
+    pub(crate) dy: f32,
+    pub(crate) s: f32,
     _pad: [f32; 2],
 }
 
@@ -408,11 +292,11 @@ pub(crate) unsafe fn prepare_tokens<F: Block32>(act: *const u8, nb: usize, tok: 
         let (lo, hi) = offset_init::<F>(a_lo, a_hi);
         let t = &mut *tok.add(b);
         _mm_storeu_si128(
-            t.init_lo.as_mut_ptr() as *mut __m128i,
+            t.init.as_mut_ptr() as *mut __m128i,
             _mm512_castsi512_si128(lo),
         );
         _mm_storeu_si128(
-            t.init_hi.as_mut_ptr() as *mut __m128i,
+            t.init.as_mut_ptr().add(4) as *mut __m128i,
             _mm512_castsi512_si128(hi),
         );
         t.dy = half(y);

@@ -10,7 +10,7 @@
 //!   Q6_K in the order `DotOrder::of` picks per token.
 
 use super::formats::{self, Block32};
-use super::{avx2, avx512_b32, avx512_kq, float_gemm, scalar, DotOrder, Isa};
+use super::{avx2, avx512_b32, avx512_b32_mv, avx512_kq, float_gemm, scalar, DotOrder, Isa};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -285,7 +285,7 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 32;
     match isa {
         Isa::Avx512 if c.n == 1 => with_scratch(nb * size_of::<avx512_b32::TokBlock>(), |s| {
-            avx512_b32::matvec::<F>(
+            avx512_b32_mv::matvec::<F>(
                 c.w,
                 c.row_bytes,
                 c.rows,

@@ -42,6 +42,7 @@
 mod activation;
 mod avx2;
 mod avx512_b32;
+mod avx512_b32_mv;
 mod avx512_float;
 mod avx512_kq;
 mod avx512_kq_mv;
