@@ -201,7 +201,8 @@ impl CudaBackend {
                 self.stats.replays.fetch_add(1, Ordering::Relaxed);
             }
             None => {
-                self.launch_levels(cb, &graph, false)?;
+                let staging = graph.staging.lock().unwrap_or_else(|p| p.into_inner());
+                self.launch_levels(cb, &graph, staging.as_slice().map_err(driver)?)?;
                 self.stats.eager.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -220,8 +221,11 @@ impl CudaBackend {
         let mut staging_len = 0usize;
         let mut scratch_len = 0usize;
         for n in &cb.nodes {
-            self.kernels.supports(&n.node)?;
-            self.kernels.prepare(&n.node, &self.main)?;
+            // Host writes are copies from pinned staging, not kernels.
+            if !matches!(n.node.op, Op::Write { .. }) {
+                self.kernels.supports(&n.node)?;
+                self.kernels.prepare(&n.node, &self.main)?;
+            }
             step_offsets.push(step_len);
             step_len += self.kernels.step_scalars(&n.node).len();
             write_offsets.push(match &n.node.op {
@@ -250,12 +254,15 @@ impl CudaBackend {
         self.main.synchronize().map_err(driver)?;
         if self.use_graphs {
             self.stats.captures.fetch_add(1, Ordering::Relaxed);
+            let staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let host = staging.as_slice().map_err(driver)?;
             self.main
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
-            let launched = self.launch_levels(cb, &g, true);
+            let launched = self.launch_levels(cb, &g, host);
             let captured = self.main.end_capture(sys::CUgraphInstantiate_flags(0));
-            launched?;
+            drop(launched?);
+            drop(staging);
             *g.graph.lock().unwrap_or_else(|p| p.into_inner()) = captured.map_err(driver)?;
         }
         Ok(g)
@@ -292,14 +299,15 @@ impl CudaBackend {
 
     /// Enqueues every node, level by level: a level's nodes go round-robin
     /// to the streams, and the level ends with a join on the main stream.
+    /// `host` is the graph's pinned staging, taken before any capture
+    /// (taking it synchronizes, which a capturing stream refuses). The
+    /// fork/join events are returned, to be dropped once the capture ends.
     fn launch_levels(
         &self,
         cb: &CudaCommandBuffer,
         g: &CachedGraph,
-        capturing: bool,
-    ) -> Result<(), RuntimeError> {
-        let staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let host = staging.as_slice().map_err(driver)?;
+        host: &[u8],
+    ) -> Result<Vec<CudaEvent>, RuntimeError> {
         let mut events = Vec::new();
         let mut scratch = g._scratch.ptr;
         for level in &cb.levels {
@@ -337,9 +345,7 @@ impl CudaBackend {
                 }
             }
         }
-        let _ = capturing;
-        drop(events);
-        Ok(())
+        Ok(events)
     }
 
     fn launch_node(

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs SmolLM2 on the CUDA backend on a machine with an NVIDIA GPU: the
+# greedy test against llama.cpp and the CPU, one generation, and `weft
+# bench` (JSON and a profile). Executables come from .device/ (built here:
+# `cargo build --release --features cuda`, `cargo test --release --features
+# cuda --test cuda_smollm2 --no-run`, stripped into .device/ with the
+# reference JSON in .device/ref/); the model from $WEFT_CACHE (joined there
+# beforehand when it had to travel in parts). Logs go to $OUT.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/weft-cuda}
+mkdir -p "$OUT"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(ls -d /usr/local/cuda-*/lib64 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export WEFT_REFERENCE_DIR=${WEFT_REFERENCE_DIR:-$PWD/.device/ref} WEFT_REQUIRE_CUDA=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
+status=0
+echo "== greedy on CUDA vs llama.cpp and the CPU"
+timeout 240 .device/cuda_smollm2 --nocapture --test-threads=1 > "$OUT/test.log" 2>&1 || status=1
+grep -E "prompt|panicked|test result|Error|error" "$OUT/test.log" | cut -c1-400 | head -30
+echo "== run"
+timeout 60 .device/weft run --backend cuda --prompt "The capital of France is" -n 32 --temp 0 2>&1 | tee "$OUT/run.log" | tail -6 || status=1
+echo "== bench (json)"
+timeout 150 .device/weft bench --backend cuda --json --reps 5 > "$OUT/bench.json" 2>&1 || status=1
+tail -c 3000 "$OUT/bench.json"
+echo
+echo "== bench without CUDA graphs"
+WEFT_CUDA_GRAPHS=0 timeout 150 .device/weft bench --backend cuda --reps 3 2>&1 | tail -3 || status=1
+echo "== profile"
+timeout 120 .device/weft bench --backend cuda --reps 1 --pp 512 --tg 64 --profile > "$OUT/profile.txt" 2>&1 || status=1
+head -45 "$OUT/profile.txt"
+exit $status
