@@ -52,6 +52,7 @@ pub fn gelu_table() -> &'static [u16] {
 }
 
 /// The table's entries as f32 (what the vector path gathers from).
+#[cfg(target_arch = "x86_64")]
 fn gelu_table_f32() -> &'static [f32] {
     static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -62,9 +63,10 @@ fn gelu_table_f32() -> &'static [f32] {
     })
 }
 
+#[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     use super::quant::Isa;
-    cfg!(target_arch = "x86_64") && matches!(Isa::detect(), Ok(Isa::Avx512))
+    matches!(Isa::detect(), Ok(Isa::Avx512))
 }
 
 /// `gelu(x)` as ggml's CPU backend evaluates it.
@@ -120,17 +122,21 @@ fn geglu(x: &[f32], up: Option<&[f32]>, out: &mut [f32]) {
         .len()
         .min(out.len())
         .min(up.map_or(usize::MAX, <[f32]>::len));
-    let mut start = 0;
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        start = n - n % 16;
+    let start = if avx512() {
+        let start = n - n % 16;
         let table = gelu_table_f32();
         let up_ptr = up.map_or(std::ptr::null(), <[f32]>::as_ptr);
         // SAFETY: AVX-512F is available (checked above); `x`, `out` and (if
         // given) `up` hold at least `start` values; the table has 65,536
         // entries and every gathered index is a u16.
         unsafe { x86::geglu(x.as_ptr(), up_ptr, out.as_mut_ptr(), start, table.as_ptr()) };
-    }
+        start
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let start = 0;
     let table = gelu_table();
     for i in start..n {
         out[i] = match up {

@@ -6,6 +6,7 @@
 //! Each helper has a scalar definition (the specification, and the path
 //! for CPUs without AVX-512) and an AVX-512 version computing the same bits.
 
+#[cfg(target_arch = "x86_64")]
 use super::quant::Isa;
 use half::f16;
 
@@ -13,9 +14,10 @@ const LANES: usize = 16;
 const STEP: usize = 4 * LANES;
 
 /// True when the AVX-512 paths run (decided once per process).
+#[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX512.get_or_init(|| cfg!(target_arch = "x86_64") && matches!(Isa::detect(), Ok(Isa::Avx512)))
+    *AVX512.get_or_init(|| matches!(Isa::detect(), Ok(Isa::Avx512)))
 }
 
 /// Sum of 16 lanes in `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
@@ -107,13 +109,17 @@ pub fn to_f16(src: &[f32], dst: &mut [f16]) {
 /// AVX-512 `ggml_v_expf`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len().min(up.len()).min(out.len());
-    let mut start = 0;
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        start = n - n % LANES;
+    let start = if avx512() {
+        let start = n - n % LANES;
         // SAFETY: AVX-512F is available; the slices hold at least `start` elements.
         unsafe { x86::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), start) };
-    }
+        start
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let start = 0;
     for i in start..n {
         let g = gate[i];
         out[i] = g / (1.0 + v_expf(0.0 - g)) * up[i];

@@ -17,6 +17,7 @@
 use super::matmul::RawCall;
 use super::scalar::reduce16;
 use super::Isa;
+#[cfg(target_arch = "x86_64")]
 use core::arch::x86_64::*;
 use weft_ops::quant::{bf16_to_f32, f16_to_f32};
 use weft_ops::DType;
@@ -70,6 +71,7 @@ fn dot_scalar(dtype: DType, w: &[u8], a: &[u8], k: usize) -> f32 {
 }
 
 /// Sixteen floats starting at element `i` of an F32/F16 row, as two halves.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load16_avx2(dtype: DType, p: *const u8, i: usize) -> (__m256, __m256) {
@@ -85,6 +87,7 @@ unsafe fn load16_avx2(dtype: DType, p: *const u8, i: usize) -> (__m256, __m256) 
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2(dtype: DType, w: *const u8, a: *const u8, k: usize) -> f32 {
     let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -100,6 +103,7 @@ unsafe fn dot_avx2(dtype: DType, w: *const u8, a: *const u8, k: usize) -> f32 {
     reduce16(&lanes)
 }
 
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
 unsafe fn load16(dtype: DType, p: *const u8, i: usize) -> __m512 {
@@ -111,6 +115,7 @@ unsafe fn load16(dtype: DType, p: *const u8, i: usize) -> __m512 {
 }
 
 /// `_mm512_reduce_add_ps`.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
 fn reduce(s: __m512) -> f32 {
@@ -121,6 +126,7 @@ fn reduce(s: __m512) -> f32 {
 }
 
 /// F32/F16: a tile of 4 weight rows (`w[r]`) x `T` tokens (`a[t]`).
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn tile<const T: usize>(
     dtype: DType,
@@ -149,6 +155,7 @@ unsafe fn tile<const T: usize>(
 
 /// BF16 via `vdpbf16ps`, one output at a time (the CPU lacking AVX512_BF16
 /// takes the scalar path, same results).
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
 unsafe fn dot_bf16_hw(w: *const u8, a: *const u8, k: usize) -> f32 {
     let mut acc = _mm512_setzero_ps();
@@ -162,37 +169,35 @@ unsafe fn dot_bf16_hw(w: *const u8, a: *const u8, k: usize) -> f32 {
 
 /// Runs the product (`applies` was checked; `c` validated by the caller).
 pub(crate) unsafe fn matmul(isa: Isa, dtype: DType, c: &RawCall) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && dtype != DType::BF16 {
+        return tiles(dtype, c);
+    }
     let k = c.k;
     let one = |w: *const u8, a: *const u8| match isa {
-        Isa::Scalar => dot_scalar(
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 if dtype != DType::BF16 => dot_avx2(dtype, w, a, k),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if std::is_x86_feature_detected!("avx512bf16") => dot_bf16_hw(w, a, k),
+        // The scalar path, and BF16 on a CPU without AVX512_BF16.
+        _ => dot_scalar(
             dtype,
             std::slice::from_raw_parts(w, c.row_bytes),
             std::slice::from_raw_parts(a, c.act_row),
             k,
         ),
-        _ if dtype == DType::BF16 => {
-            if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512bf16") {
-                dot_bf16_hw(w, a, k)
-            } else {
-                dot_scalar(
-                    dtype,
-                    std::slice::from_raw_parts(w, c.row_bytes),
-                    std::slice::from_raw_parts(a, c.act_row),
-                    k,
-                )
-            }
-        }
-        _ => dot_avx2(dtype, w, a, k),
     };
-    if isa != Isa::Avx512 || dtype == DType::BF16 {
-        for r in 0..c.rows {
-            for t in 0..c.n {
-                *c.out.add(t * c.stride + r) =
-                    one(c.w.add(r * c.row_bytes), c.act.add(t * c.act_row));
-            }
+    for r in 0..c.rows {
+        for t in 0..c.n {
+            *c.out.add(t * c.stride + r) = one(c.w.add(r * c.row_bytes), c.act.add(t * c.act_row));
         }
-        return;
     }
+}
+
+/// F32/F16 on the AVX-512 path: tiles of 4 weight rows x up to 6 tokens.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles(dtype: DType, c: &RawCall) {
+    let k = c.k;
     for r0 in (0..c.rows).step_by(4) {
         let valid = (c.rows - r0).min(4);
         let w: [*const u8; 4] =

@@ -10,7 +10,9 @@
 //!   Q6_K in the order `DotOrder::of` picks per token.
 
 use super::formats::{self, Block32};
-use super::{avx2, avx512_b32, avx512_b32_mv, avx512_kq, float_gemm, scalar, DotOrder, Isa};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512_b32, avx512_b32_mv, avx512_kq};
+use super::{float_gemm, scalar, DotOrder, Isa};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -114,16 +116,20 @@ fn bad(message: String) -> OpError {
 }
 
 /// 64-byte aligned scratch memory, one per thread, grown on demand and
-/// reused (steady-state prefill allocates nothing).
+/// reused (steady-state prefill allocates nothing). Only the AVX-512
+/// kernels use it.
+#[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
 
 thread_local! {
+    #[cfg(target_arch = "x86_64")]
     static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
     static ACT_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+#[cfg(target_arch = "x86_64")]
 pub(super) fn with_scratch<R>(bytes: usize, f: impl FnOnce(*mut u8) -> R) -> R {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
@@ -245,6 +251,7 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
         DType::Q5_0 => block32::<formats::Q5_0>(isa, c),
         DType::Q5_1 => block32::<formats::Q5_1>(isa, c),
         DType::Q8_0 => block32::<formats::Q8_0>(isa, c),
+        #[cfg(target_arch = "x86_64")]
         DType::Q4_K | DType::Q6_K if isa == Isa::Avx512 => avx512_kq::matmul(wdtype, c),
         DType::Q4_K | DType::Q6_K => {
             kquant_rowwise(isa, wdtype, c);
@@ -284,6 +291,7 @@ unsafe fn dispatch(isa: Isa, wdtype: DType, c: &RawCall) -> Result<(), OpError> 
 unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 32;
     match isa {
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if c.n == 1 => with_scratch(nb * size_of::<avx512_b32::TokBlock>(), |s| {
             avx512_b32_mv::matvec::<F>(
                 c.w,
@@ -295,6 +303,7 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
                 s as *mut avx512_b32::TokBlock,
             )
         }),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => with_scratch(avx512_b32::gemm_scratch_bytes(c.n, nb), |s| {
             avx512_b32::gemm::<F>(
                 c.w,
@@ -309,8 +318,10 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
                 s,
             )
         }),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => rowwise(c, |w, a| avx2::dot_block32::<F>(w, a, nb)),
-        Isa::Scalar => rowwise(c, |w, a| {
+        // Off x86 the scalar path is the only one `Isa::checked` admits.
+        _ => rowwise(c, |w, a| {
             let ws = std::slice::from_raw_parts(w, c.row_bytes);
             let as_ = std::slice::from_raw_parts(a, c.act_row);
             scalar::dot_block32::<F>(ws, as_, nb)
@@ -328,12 +339,14 @@ unsafe fn kquant_rowwise(isa: Isa, wdtype: DType, c: &RawCall) {
         for t in 0..c.n {
             let order = DotOrder::of(wdtype, c.stride, c.n, t);
             let a = c.act.add(t * c.act_row);
-            *c.out.add(t * c.stride + r) = if isa == Isa::Scalar {
-                let ws = std::slice::from_raw_parts(w, c.row_bytes);
-                let as_ = std::slice::from_raw_parts(a, c.act_row);
-                scalar::dot_kquant(order, q6, ws, as_, nb)
-            } else {
-                avx2::dot_kquant(order, q6, w, a, nb)
+            *c.out.add(t * c.stride + r) = match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => avx2::dot_kquant(order, q6, w, a, nb),
+                _ => {
+                    let ws = std::slice::from_raw_parts(w, c.row_bytes);
+                    let as_ = std::slice::from_raw_parts(a, c.act_row);
+                    scalar::dot_kquant(order, q6, ws, as_, nb)
+                }
             };
         }
     }

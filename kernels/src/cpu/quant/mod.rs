@@ -39,12 +39,22 @@
 //! `activation.rs` (quantizers),
 //! `matmul.rs` (the driver and output views).
 
+// The SIMD paths use `core::arch::x86_64`; elsewhere only the scalar path
+// exists (`Isa::best_supported` is `Scalar` and `Isa::checked` refuses the
+// others), with the same results.
+#[cfg(target_arch = "x86_64")]
 mod activation;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512_b32;
+#[cfg(target_arch = "x86_64")]
 mod avx512_b32_mv;
+#[cfg(target_arch = "x86_64")]
 mod avx512_float;
+#[cfg(target_arch = "x86_64")]
 mod avx512_kq;
+#[cfg(target_arch = "x86_64")]
 mod avx512_kq_mv;
 mod float_gemm;
 mod formats;
@@ -111,26 +121,32 @@ pub fn quantize_activations_with(
         (Isa::Scalar, _) | (_, DType::F32) => weft_ops::quant::quantize_row(dtype, src, dst),
         // SAFETY (all arms below): the path's CPU features are present
         // (`checked`) and the lengths match (checked above).
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, DType::Q8_0 | DType::Q8_1) => {
             unsafe { activation::q8_blocks_avx512(src, dst, dtype == DType::Q8_1) };
             Ok(())
         }
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, DType::Q8_0 | DType::Q8_1) => {
             unsafe { activation::q8_blocks_avx2(src, dst, dtype == DType::Q8_1) };
             Ok(())
         }
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, DType::Q8_K) => {
             unsafe { activation::q8k_blocks_avx512(src, dst) };
             Ok(())
         }
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, DType::Q8_K) => {
             unsafe { activation::q8k_blocks_avx2(src, dst) };
             Ok(())
         }
+        #[cfg(target_arch = "x86_64")]
         (_, DType::F16) => {
             unsafe { activation::f16_avx2(src, dst) };
             Ok(())
         }
+        #[cfg(target_arch = "x86_64")]
         (_, DType::BF16) => {
             unsafe { activation::bf16_avx2(src, dst) };
             Ok(())
@@ -195,11 +211,12 @@ pub fn vec_dot_in_order_with(
         return Ok(vec_dot);
     }
     let (q6, nb) = (wdtype == DType::Q6_K, w_row.len() / wdtype.block_bytes());
-    if isa == Isa::Scalar {
-        return Ok(scalar::dot_kquant(order, q6, w_row, act_row, nb));
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: the path is supported and the lengths were checked above.
+        return Ok(unsafe { avx2::dot_kquant(order, q6, w_row.as_ptr(), act_row.as_ptr(), nb) });
     }
-    // SAFETY: the path is supported and the lengths were checked above.
-    Ok(unsafe { avx2::dot_kquant(order, q6, w_row.as_ptr(), act_row.as_ptr(), nb) })
+    Ok(scalar::dot_kquant(order, q6, w_row, act_row, nb))
 }
 
 /// `out[t * stride + r] = w_row(r) . act_row(t)` for `r` in `out.cols()`
@@ -295,17 +312,20 @@ pub unsafe fn matmul_rows(
 unsafe fn dot_raw(isa: Isa, wdtype: DType, w: *const u8, a: *const u8, k: usize) -> f32 {
     let wrow = std::slice::from_raw_parts(w, wdtype.row_bytes(k).unwrap_or(0));
     let arow = std::slice::from_raw_parts(a, vec_dot_type(wdtype).row_bytes(k).unwrap_or(0));
-    let simd = isa != Isa::Scalar;
-    let wide = isa == Isa::Avx512;
-    match wdtype {
-        DType::F32 if wide => avx512_float::dot_f32(w, a, k),
-        DType::F32 if simd => avx2::dot_f32(w, a, k),
-        DType::F32 => scalar::dot_f32(wrow, arow, k),
-        DType::F16 if wide => avx512_float::dot_f16(w, a, k),
-        DType::F16 if simd => avx2::dot_f16(w, a, k),
-        DType::F16 => scalar::dot_f16(wrow, arow, k),
-        DType::BF16 if wide => avx512_float::dot_bf16(w, a, k),
-        DType::BF16 => scalar::dot_bf16(wrow, arow, k),
+    match (isa, wdtype) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, DType::F32) => avx512_float::dot_f32(w, a, k),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, DType::F32) => avx2::dot_f32(w, a, k),
+        (_, DType::F32) => scalar::dot_f32(wrow, arow, k),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, DType::F16) => avx512_float::dot_f16(w, a, k),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, DType::F16) => avx2::dot_f16(w, a, k),
+        (_, DType::F16) => scalar::dot_f16(wrow, arow, k),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, DType::BF16) => avx512_float::dot_bf16(w, a, k),
+        (_, DType::BF16) => scalar::dot_bf16(wrow, arow, k),
         // `matmul::dispatch` sends only the formats above here.
         _ => f32::NAN,
     }
