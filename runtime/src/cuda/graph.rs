@@ -128,6 +128,11 @@ impl PtrHash for Tensor {
 }
 
 /// Hash of everything a captured graph depends on.
+/// Captured graphs kept at most (the table is emptied when full).
+const MAX_GRAPHS: usize = 64;
+/// Signatures remembered for capture-on-second-sight at most.
+const MAX_SEEN: usize = 4096;
+
 fn signature(cb: &CudaCommandBuffer) -> u64 {
     let mut h = DefaultHasher::new();
     cb.levels.hash(&mut h);
@@ -143,7 +148,8 @@ fn signature(cb: &CudaCommandBuffer) -> u64 {
 
 impl CudaBackend {
     /// Runs `cb`: replays its graph when one with the same structure was
-    /// captured, captures one otherwise (or launches eagerly).
+    /// captured; captures one when the structure comes a second time;
+    /// launches eagerly otherwise (and always with `WEFT_CUDA_GRAPHS=0`).
     pub(crate) fn submit(&self, cb: CudaCommandBuffer) -> Arc<CudaWork> {
         if let Some(n) = cb.nodes.iter().find(|n| n.fail) {
             let e = RuntimeError::Execution {
@@ -178,12 +184,23 @@ impl CudaBackend {
         let graph = match cached {
             Some(g) => g,
             None => {
-                let g = Arc::new(self.build(cb)?);
-                if self.use_graphs {
-                    self.graphs
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key, Arc::clone(&g));
+                // A structure is captured the second time it comes: a one-off
+                // (a prefill chunk of a new length) runs eagerly and pays no
+                // capture. Both tables are bounded.
+                let capture = self.use_graphs && {
+                    let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                    if seen.len() >= MAX_SEEN {
+                        seen.clear();
+                    }
+                    !seen.insert(key)
+                };
+                let g = Arc::new(self.build(cb, capture)?);
+                if capture {
+                    let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+                    if graphs.len() >= MAX_GRAPHS {
+                        graphs.clear();
+                    }
+                    graphs.insert(key, Arc::clone(&g));
                 }
                 g
             }
@@ -214,7 +231,7 @@ impl CudaBackend {
 
     /// Allocates a graph's step buffer, staging and scratch, prepares the
     /// kernels and (when graphs are on) captures the launches.
-    fn build(&self, cb: &CudaCommandBuffer) -> Result<CachedGraph, RuntimeError> {
+    fn build(&self, cb: &CudaCommandBuffer, capture: bool) -> Result<CachedGraph, RuntimeError> {
         let mut step_offsets = Vec::with_capacity(cb.nodes.len());
         let mut step_len = 0usize;
         let mut write_offsets = Vec::with_capacity(cb.nodes.len());
@@ -252,7 +269,7 @@ impl CudaBackend {
             last: Mutex::new(None),
         };
         self.main.synchronize().map_err(driver)?;
-        if self.use_graphs {
+        if capture {
             self.stats.captures.fetch_add(1, Ordering::Relaxed);
             let staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
             let host = staging.as_slice().map_err(driver)?;

@@ -56,6 +56,8 @@ pub(crate) struct CudaBackend {
     pub branches: Vec<Arc<CudaStream>>,
     pub kernels: CudaKernels,
     pub graphs: Mutex<HashMap<u64, Arc<graph::CachedGraph>>>,
+    /// Signatures seen once (captured when they come again).
+    pub seen: Mutex<std::collections::HashSet<u64>>,
     pub use_graphs: bool,
     pub stats: GraphStats,
 }
@@ -77,13 +79,22 @@ impl CudaBackend {
             .map(|_| ctx.new_stream().map_err(driver))
             .collect::<Result<_, _>>()?;
         let kernels = CudaKernels::new(Arc::clone(&ctx))?;
-        let use_graphs = std::env::var("WEFT_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0");
+        let use_graphs = match std::env::var("WEFT_CUDA_GRAPHS") {
+            Err(std::env::VarError::NotPresent) => true,
+            Ok(v) if v.trim() == "1" => true,
+            Ok(v) if v.trim() == "0" => false,
+            _ => return Err(RuntimeError::Usage(
+                "WEFT_CUDA_GRAPHS must be 0 (launch eagerly) or 1 (capture and replay CUDA graphs)"
+                    .into(),
+            )),
+        };
         Ok(CudaBackend {
             ctx,
             main,
             branches,
             kernels,
             graphs: Mutex::new(HashMap::new()),
+            seen: Mutex::new(std::collections::HashSet::new()),
             use_graphs,
             stats: GraphStats::default(),
         })
