@@ -78,6 +78,12 @@ pub fn decompose(
     Ok(Some(parts))
 }
 
+/// Can a node of op `op` be the first of a pair [`fuse_pair`] merges? (A
+/// cheap filter for the fusion pass; keep it in step with `fuse_pair`.)
+pub fn starts_pair(op: &Op) -> bool {
+    matches!(op, Op::RmsNorm { .. } | Op::SiluMul | Op::Rope(_) | Op::Add)
+}
+
 /// The fused node for `first` followed by `second`, when weft has a fused
 /// op for that pair and `second` reads exactly `first`'s output.
 /// `keep_intermediate`: `first`'s output is read later, so the fused node

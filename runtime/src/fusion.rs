@@ -10,7 +10,7 @@
 //! the number of nodes and levels. It runs to a fixed point, so chains of
 //! three (add, rms_norm, quantize) fuse too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use weft_graph::{BufferId, ByteRange, Node};
 use weft_ops::OpNode;
 
@@ -66,7 +66,7 @@ fn candidates(
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
 ) -> Vec<(usize, usize, OpNode)> {
-    let readers = readers(nodes);
+    let readers = readers(nodes, payloads);
     let mut out = Vec::new();
     for (i, r) in readers.iter().enumerate() {
         // The consumer is the first reader; later readers are fine only
@@ -84,23 +84,32 @@ fn candidates(
     out
 }
 
-/// For each node, the later nodes that read bytes it was the last to write.
-fn readers(nodes: &[Node]) -> Vec<Vec<usize>> {
-    let mut last: HashMap<BufferId, Vec<(ByteRange, usize)>> = HashMap::new();
+/// For each node that can start a fused pair, the later nodes that read
+/// bytes it was the last to write (empty for every other node: their
+/// writes only retire older data).
+fn readers(nodes: &[Node], payloads: &[OpNode]) -> Vec<Vec<usize>> {
+    // Last writes per buffer, indexed by buffer id (ids are slot indices).
+    let mut last: Vec<Vec<(ByteRange, usize)>> = Vec::new();
     let mut readers = vec![Vec::new(); nodes.len()];
     for (k, n) in nodes.iter().enumerate() {
         for r in &n.reads {
-            for (w, i) in last.get(&r.buffer).into_iter().flatten() {
-                if w.overlaps(r) && !readers[*i].contains(&k) {
+            for (w, i) in last.get(r.buffer.0 as usize).into_iter().flatten() {
+                if w.overlaps(r) && readers[*i].last() != Some(&k) {
                     readers[*i].push(k);
                 }
             }
         }
         for w in &n.writes {
-            let list = last.entry(w.buffer).or_default();
+            let b = w.buffer.0 as usize;
+            if b >= last.len() {
+                last.resize_with(b + 1, Vec::new);
+            }
+            let list = &mut last[b];
             // Writes fully covered by this one are no longer anyone's data.
             list.retain(|(old, _)| !(w.start <= old.start && old.end <= w.end));
-            list.push((*w, k));
+            if weft_ops::fused::starts_pair(&payloads[k].op) {
+                list.push((*w, k));
+            }
         }
     }
     readers

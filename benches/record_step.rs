@@ -1,0 +1,57 @@
+//! Host cost of one SmolLM2 decode step, without running it: recording the
+//! nodes, then fusion + the reorder pass (`into_schedule`). On a GPU this
+//! time is serial with every token, so it bounds decode speed.
+//! `cargo bench --bench record_step` (fetches the model on first use).
+
+use std::time::Instant;
+use weft::models::fetch::{ensure, SMOLLM2_135M_Q4_1};
+use weft::models::{LogitRows, Model};
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+
+fn main() {
+    let path = ensure(&SMOLLM2_135M_Q4_1, &mut |_| {}).expect("model");
+    let config = ExecutorConfig {
+        threads: 1,
+        ..Default::default()
+    };
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&path, &mut exec).expect("load");
+    let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
+    let prompt: Vec<u32> = (0..32).map(|i| 100 + i).collect();
+    model
+        .prefill(
+            &mut exec,
+            &mut cache,
+            &prompt,
+            &model.chunk_policy(),
+            LogitRows::Last,
+        )
+        .expect("prefill");
+    let steps = 300;
+    let (mut record, mut schedule) = (0f64, 0f64);
+    let mut nodes = 0;
+    for i in 0..steps + 20 {
+        let span = cache.plan_next_step().expect("span");
+        let t0 = Instant::now();
+        let mut s = exec.begin_recorded();
+        model
+            .record(&mut s, &cache, &span, &[7], LogitRows::Last)
+            .expect("record");
+        let t1 = Instant::now();
+        let (n, _) = s.into_schedule().expect("schedule");
+        let t2 = Instant::now();
+        if i >= 20 {
+            record += (t1 - t0).as_secs_f64();
+            schedule += (t2 - t1).as_secs_f64();
+            nodes = n.len();
+        }
+    }
+    let us = |t: f64| t * 1e6 / steps as f64;
+    println!(
+        "decode step, {nodes} nodes after fusion: record {:.0} us, fusion + schedule {:.0} us, total {:.0} us per step ({:.2} us per node)",
+        us(record),
+        us(schedule),
+        us(record + schedule),
+        us(record + schedule) / nodes as f64
+    );
+}
