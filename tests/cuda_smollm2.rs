@@ -95,3 +95,54 @@ fn greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
         stats.0, stats.1, stats.2
     );
 }
+
+/// A long greedy decode (past the 256- and 512-cell attention variants, so
+/// one captured graph serves positions whose kernels choose differently on
+/// the device): every step's logits identical to the CPU's.
+#[test]
+fn long_decode_on_cuda_is_bit_identical_to_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let (mut gpu, model) = load(Device::Cuda(0));
+    let (mut cpu, cpu_model) = load(Device::Cpu);
+    let reference = common::reference_json("smollm2.json");
+    let ids: Vec<u32> =
+        serde_json::from_value(reference["cases"][0]["prompt_ids"].clone()).expect("ids");
+    let mut gc = model.new_cache(&mut gpu, 1024, 512).expect("cache");
+    let mut cc = cpu_model.new_cache(&mut cpu, 1024, 512).expect("cache");
+    let policy = model.chunk_policy();
+    let mut lg = model
+        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
+        .expect("gpu prefill");
+    let mut lc = cpu_model
+        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
+        .expect("cpu prefill");
+    let steps = 700 - ids.len();
+    for k in 0..steps {
+        let differ = lg
+            .iter()
+            .zip(&lc)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "step {k} (position {}): logits differ",
+            ids.len() + k
+        );
+        // Keep the two runs on the same tokens even if argmax is a tie.
+        let t = argmax(&lc) as u32;
+        lg = model
+            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
+            .expect("gpu decode");
+        lc = cpu_model
+            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
+            .expect("cpu decode");
+    }
+    let stats = gpu.graph_stats().expect("cuda stats");
+    eprintln!(
+        "{steps} steps; graphs: {} captured, {} replayed, {} eager",
+        stats.0, stats.1, stats.2
+    );
+}

@@ -103,6 +103,12 @@ fn structural(op: &Op) -> Op {
             start: 0,
             ring: *ring,
         },
+        // The kernel reads its start row from the step scalars too.
+        Op::RopeSetRows { rope, ring, .. } => Op::RopeSetRows {
+            rope: *rope,
+            start: 0,
+            ring: *ring,
+        },
         Op::Write { .. } => Op::Write {
             data: Arc::from(Vec::new()),
         },
@@ -127,17 +133,31 @@ impl PtrHash for Tensor {
     }
 }
 
-/// Hash of everything a captured graph depends on.
+/// Feeds formatted text into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::fmt::Write for HashWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
+}
+
 /// Captured graphs kept at most (the table is emptied when full).
 const MAX_GRAPHS: usize = 64;
 /// Signatures remembered for capture-on-second-sight at most.
 const MAX_SEEN: usize = 4096;
 
+/// Hash of everything a captured graph depends on.
 fn signature(cb: &CudaCommandBuffer) -> u64 {
     let mut h = DefaultHasher::new();
     cb.levels.hash(&mut h);
     for n in &cb.nodes {
-        format!("{:?}", structural(&n.node.op)).hash(&mut h);
+        // The op's Debug text, hashed as it is written (no allocation).
+        let _ = std::fmt::Write::write_fmt(
+            &mut HashWriter(&mut h),
+            format_args!("{:?}", structural(&n.node.op)),
+        );
         for t in n.ins.iter().chain(&n.outs) {
             t.ptr.hash(&mut h);
             hash_tensor(&t.tensor, &mut h);
