@@ -113,11 +113,10 @@ DEV void silu_quant_body(const float* g, const float* u, u8* out, int rows, int 
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t total = (size_t)rows * cols;
     if (F == 0 || F == 1) {
-        if (tid >= total / 32) return;
-        float v[32];
-#pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = silu_mul_value(g, u, tid * 32 + i);
-        quant_q8_thread<F>(v, out + tid * (F == 1 ? 36 : 34));
+        // One warp per 32-element block, one element per lane.
+        const size_t gw = tid >> 5;
+        if (gw >= total / 32) return;  // uniform per warp
+        quant_q8_warp<F>(silu_mul_value(g, u, tid), out + gw * (F == 1 ? 36 : 34));
     } else if (F == 2) {
         const size_t gw = tid >> 5;
         if (gw >= total / 256) return;

@@ -149,8 +149,8 @@ pub(super) unsafe fn silu_mul_quantize(
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
     let (rows, cols) = (g.tensor.rows(), g.tensor.cols());
     let total = (rows * cols) as u64;
+    // Q8_0 / Q8_1: a warp per block, a thread per element.
     let threads = match out.tensor.dtype {
-        DType::Q8_0 | DType::Q8_1 => total / 32,
         DType::Q8_K => total / 256 * 32,
         _ => total,
     };

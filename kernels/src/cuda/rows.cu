@@ -143,26 +143,32 @@ SET_ROWS_ENTRY(set_rows_bf16, 2)
 // Q8_0 / Q8_1: one warp per 32-element block (ggml's x86 quantize_row_q8_*:
 // amax, d = amax / 127, id = 127 / amax, round half to even, f16 d and
 // s = f16(d * sum(q)) with the unrounded d).
+// One 32-element block by the warp, lane l holding element l.
 template <int WITH_SUM>
-DEV void quant_q8_body(const float* x, u8* out, int rows, int cols) {
+DEV void quant_q8_warp(const float v, u8* blk) {
     const int lane = threadIdx.x & 31;
-    const size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int nbr = cols / 32;
-    if (gw >= (size_t)rows * nbr) return;  // uniform per warp
-    const float v = x[gw * 32 + lane];     // rows are contiguous: block gw covers 32 * gw..
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int q = __float2int_rn(v * id);
     q = max(-128, min(127, q));
     const int bytes = WITH_SUM ? 36 : 34;
-    u8* blk = out + gw * bytes;
     blk[bytes - 32 + lane] = (u8)(i8)q;
     const int sum = WITH_SUM ? warp_sum_i(q) : 0;
     if (lane == 0) {
         *(u16*)blk = f2h(d);
         if (WITH_SUM) *(u16*)(blk + 2) = f2h(d * (float)sum);
     }
+}
+
+template <int WITH_SUM>
+DEV void quant_q8_body(const float* x, u8* out, int rows, int cols) {
+    const int lane = threadIdx.x & 31;
+    const size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int nbr = cols / 32;
+    if (gw >= (size_t)rows * nbr) return;  // uniform per warp
+    // Rows are contiguous: block gw covers elements 32 * gw ..
+    quant_q8_warp<WITH_SUM>(x[gw * 32 + lane], out + gw * (WITH_SUM ? 36 : 34));
 }
 extern "C" __global__ void quant_q8_0(const float* x, u8* out, int rows, int cols) {
     quant_q8_body<0>(x, out, rows, cols);
