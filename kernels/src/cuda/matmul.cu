@@ -190,6 +190,16 @@ DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, 
 
 // ---- K formats x Q8_K ------------------------------------------------------------
 
+// Q4_K takes the float order weft's CPU kernels take for (weight rows m,
+// tokens n, token t) (`DotOrder::of`, kernels/src/cpu/quant/order.rs):
+// 0 vec_dot (eight lanes), 1 repacked gemv and 2 repacked gemm (whole
+// integer sums per super-block or per 64-element pair, two accumulators),
+// 3 tiled (one fused step per super-block).
+DEV int q4k_order(int m, int n, int t) {
+    if (m % 8 == 0) return t < n - n % 4 ? 2 : 1;
+    return n >= 8 ? 3 : 0;
+}
+
 template <int TT>
 DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
     const int k = threadIdx.x & 7;
@@ -198,8 +208,12 @@ DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
     const int r = min(row, m - 1);
     const u8* wrow = w + (size_t)r * nb * 144;
     const u8* a[TT];
+    int order[TT];
 #pragma unroll
-    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+    for (int t = 0; t < TT; t++) {
+        a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+        order[t] = q4k_order(m, n, min(t0 + t, n - 1));
+    }
     float acc[TT], accm[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t] = accm[t] = 0.0f;
@@ -220,39 +234,81 @@ DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             const u8* y = a[t] + (size_t)b * Q8K_BYTES;
-            int sumi = 0;
+            // This lane's share of each pair's integer sum (elements 4k..4k+3
+            // of every chunk).
+            int pair[4];
 #pragma unroll
-            for (int cp = 0; cp < 4; cp++) {
-                sumi += sc[2 * cp] * __dp4a((int)lo[cp], (int)ld_u32_a4(y + 4 + 64 * cp + 4 * k), 0);
-                sumi += sc[2 * cp + 1] * __dp4a((int)hi[cp], (int)ld_u32_a4(y + 36 + 64 * cp + 4 * k), 0);
-            }
+            for (int cp = 0; cp < 4; cp++)
+                pair[cp] = sc[2 * cp] * __dp4a((int)lo[cp], (int)ld_u32_a4(y + 4 + 64 * cp + 4 * k), 0) +
+                           sc[2 * cp + 1] * __dp4a((int)hi[cp], (int)ld_u32_a4(y + 36 + 64 * cp + 4 * k), 0);
             const float yd = __int_as_float((int)ld_u32_a4(y));
-            const float d = __fmul_rn(yd, wd);
-            const float dmin = __fmul_rn(-yd, wdmin);
-            acc[t] = __fmaf_rn(d, (float)sumi, acc[t]);
             const i16* bs = (const i16*)(y + 260);
-            const int b0 = (int)bs[4 * km] + (int)bs[4 * km + 1];
-            const int b1 = (int)bs[4 * km + 2] + (int)bs[4 * km + 3];
-            const int prod = mn[2 * km] * b0 + mn[2 * km + 1] * b1;
-            accm[t] = __fmaf_rn(dmin, (float)prod, accm[t]);
+            auto imin = [&](int p) {
+                const int b0 = (int)bs[4 * p] + (int)bs[4 * p + 1];
+                const int b1 = (int)bs[4 * p + 2] + (int)bs[4 * p + 3];
+                return mn[2 * p] * b0 + mn[2 * p + 1] * b1;
+            };
+            if (order[t] == 0) {
+                const int sumi = (pair[0] + pair[1]) + (pair[2] + pair[3]);
+                const float d = __fmul_rn(yd, wd);
+                const float dmin = __fmul_rn(-yd, wdmin);
+                acc[t] = __fmaf_rn(d, (float)sumi, acc[t]);
+                accm[t] = __fmaf_rn(dmin, (float)imin(km), accm[t]);
+                continue;
+            }
+            // Whole integer sums over the eight lanes (exact, any order).
+#pragma unroll
+            for (int cp = 0; cp < 4; cp++)
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) pair[cp] += __shfl_xor_sync(FULL_MASK, pair[cp], o, 8);
+            const int isum = pair[0] + pair[1] + pair[2] + pair[3];
+            const int msum = imin(0) + imin(1) + imin(2) + imin(3);
+            if (order[t] == 3) {
+                const float rr = __fmaf_rn(-wdmin, (float)msum, __fmul_rn((float)isum, wd));
+                acc[t] = __fmaf_rn(rr, yd, acc[t]);
+            } else {
+                const float dd = __fmul_rn(wd, yd), dm = __fmul_rn(wdmin, yd);
+                if (order[t] == 2) {
+#pragma unroll
+                    for (int cp = 0; cp < 4; cp++) {
+                        acc[t] = __fmaf_rn((float)pair[cp], dd, acc[t]);
+                        accm[t] = __fmaf_rn((float)imin(cp), dm, accm[t]);
+                    }
+                } else {
+                    acc[t] = __fmaf_rn((float)isum, dd, acc[t]);
+                    accm[t] = __fmaf_rn((float)msum, dm, accm[t]);
+                }
+            }
         }
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-        const float s = hsum8_lanes(acc[t]);
-        // lanes 0..3 hold acc_m[0..3]: (m0 + m2) + (m1 + m3)
-        const float u = accm[t] + __shfl_down_sync(FULL_MASK, accm[t], 2, 8);
-        const float mm = u + __shfl_down_sync(FULL_MASK, u, 1, 8);
-        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s + mm;
+        float res;
+        if (order[t] == 0) {
+            const float s = hsum8_lanes(acc[t]);
+            // lanes 0..3 hold acc_m[0..3]: (m0 + m2) + (m1 + m3)
+            const float u = accm[t] + __shfl_down_sync(FULL_MASK, accm[t], 2, 8);
+            const float mm = u + __shfl_down_sync(FULL_MASK, u, 1, 8);
+            res = s + mm;
+        } else {
+            res = order[t] == 3 ? acc[t] : acc[t] - accm[t];
+        }
+        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = res;
     }
 }
 
+// Q6_K: vec_dot under 8 tokens (eight lanes; lane k sums scale * code * y
+// over elements 4k..4k+3 of every chunk with the unsigned 6-bit codes, and
+// takes the codes' offset of 32 through the activation sums of elements
+// 32k..32k+31), the tiled order from 8 tokens (the super-block's exact
+// integer sum, times d_w, then one fused step by d_a).
 template <int TT>
 DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
     const int k = threadIdx.x & 7;
     const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
     const int t0 = blockIdx.y * TT;
     const int r = min(row, m - 1);
+    const bool tiled = n >= 8;
     const u8* wrow = w + (size_t)r * nb * 210;
     const u8* a[TT];
 #pragma unroll
@@ -274,10 +330,11 @@ DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const u32 high = ((qh >> (2 * j)) & 0x03030303u) << 4;
-                wq[4 * h + j] = __vsub4(nib[j] | high, 0x20202020u);
+                wq[4 * h + j] = nib[j] | high;  // 0..63
                 sc[4 * h + j] = (int)(i8)x[192 + 2 * (4 * h + j) + (k >> 2)];
             }
         }
+        const int off_sc0 = (int)(i8)x[192 + 2 * k], off_sc1 = (int)(i8)x[192 + 2 * k + 1];
         const float wd = ld_f16(x + 208);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
@@ -286,13 +343,21 @@ DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
 #pragma unroll
             for (int c = 0; c < 8; c++)
                 sumi += sc[c] * __dp4a((int)wq[c], (int)ld_u32_a4(y + 4 + 32 * c + 4 * k), 0);
+            const i16* bs = (const i16*)(y + 260);
+            sumi -= 32 * ((int)bs[2 * k] * off_sc0 + (int)bs[2 * k + 1] * off_sc1);
             const float yd = __int_as_float((int)ld_u32_a4(y));
-            acc[t] = __fmaf_rn(__fmul_rn(yd, wd), (float)sumi, acc[t]);
+            if (tiled) {
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) sumi += __shfl_xor_sync(FULL_MASK, sumi, o, 8);
+                acc[t] = __fmaf_rn(__fmul_rn((float)sumi, wd), yd, acc[t]);
+            } else {
+                acc[t] = __fmaf_rn(__fmul_rn(yd, wd), (float)sumi, acc[t]);
+            }
         }
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-        const float s = hsum8_lanes(acc[t]);
+        const float s = tiled ? acc[t] : hsum8_lanes(acc[t]);
         if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
     }
 }
