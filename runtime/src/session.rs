@@ -364,7 +364,7 @@ impl<'e> GraphSession<'e> {
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         #[cfg(feature = "cuda")]
         if let Some(cuda) = self.exec.cuda.clone() {
-            return self.submit_cuda(&cuda, s, &mut payloads);
+            return self.submit_cuda(&cuda, s, &mut payloads, submit_start);
         }
         #[cfg(all(feature = "metal", target_os = "macos"))]
         if let Some(metal) = self.exec.metal.clone() {
@@ -406,6 +406,7 @@ impl<'e> GraphSession<'e> {
         cuda: &Arc<crate::cuda::CudaBackend>,
         s: Schedule,
         payloads: &mut [Option<OpNode>],
+        submit_start: Instant,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let mut works = Vec::with_capacity(s.command_buffers.len());
         for cb in &s.command_buffers {
@@ -424,13 +425,16 @@ impl<'e> GraphSession<'e> {
         crate::counters::LiveCounters::add(&counters.commits, 1);
         crate::counters::LiveCounters::add(&counters.command_buffers, works.len() as u64);
         self.end_scopes();
+        // The host track (record, schedule + submit, drain); the device's
+        // own timeline is not traced yet.
+        let trace = self.note_trace(&[], &s, submit_start);
         let inflight = InFlight {
             jobs: Vec::new(),
             cuda: works,
             #[cfg(all(feature = "metal", target_os = "macos"))]
             metal: Vec::new(),
             counters,
-            trace: None,
+            trace,
         };
         Ok((inflight, s))
     }

@@ -33,8 +33,14 @@ impl InFlight {
         let start = Instant::now();
         let result = self.wait_jobs();
         if let Some((sink, epoch)) = &self.trace {
+            #[allow(unused_mut)]
+            let mut command_buffers = self.jobs.len();
+            #[cfg(feature = "cuda")]
+            {
+                command_buffers += self.cuda.len();
+            }
             let args =
-                serde_json::json!({"command_buffers": self.jobs.len(), "ok": result.is_ok()});
+                serde_json::json!({"command_buffers": command_buffers, "ok": result.is_ok()});
             host_slice(sink, *epoch, start, "drain", "drain", args);
         }
         result
