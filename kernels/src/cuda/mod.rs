@@ -229,6 +229,31 @@ impl CudaKernels {
         }
     }
 
+    /// `op` with the values [`step_scalars`](Self::step_scalars) carries (and
+    /// a host write's bytes, staged per step) cleared: what a captured graph
+    /// depends on. Two nodes with equal structural ops replay one graph.
+    pub fn structural(&self, op: &Op) -> Op {
+        match op {
+            Op::Attention(p) => Op::Attention(weft_ops::AttentionParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::SetRows { ring, .. } => Op::SetRows {
+                start: 0,
+                ring: *ring,
+            },
+            Op::RopeSetRows { rope, ring, .. } => Op::RopeSetRows {
+                rope: *rope,
+                start: 0,
+                ring: *ring,
+            },
+            Op::Write { .. } => Op::Write {
+                data: Arc::from(Vec::new()),
+            },
+            other => other.clone(),
+        }
+    }
+
     /// One-time preparation outside graph capture: uploads the rope angle
     /// table for the node's parameters, or the GELU table.
     pub fn prepare(&self, node: &OpNode, stream: &Arc<CudaStream>) -> Result<(), OpError> {

@@ -92,45 +92,12 @@ impl CudaWork {
     }
 }
 
-/// The op with its per-step values cleared: what a captured graph depends on.
-fn structural(op: &Op) -> Op {
-    match op {
-        Op::Attention(p) => Op::Attention(weft_ops::AttentionParams {
-            q_position: 0,
-            ..*p
-        }),
-        Op::SetRows { ring, .. } => Op::SetRows {
-            start: 0,
-            ring: *ring,
-        },
-        // The kernel reads its start row from the step scalars too.
-        Op::RopeSetRows { rope, ring, .. } => Op::RopeSetRows {
-            rope: *rope,
-            start: 0,
-            ring: *ring,
-        },
-        Op::Write { .. } => Op::Write {
-            data: Arc::from(Vec::new()),
-        },
-        other => other.clone(),
-    }
-}
-
+/// A tensor's place and shape (its bytes are not part of a graph).
 fn hash_tensor(t: &Tensor, h: &mut impl Hasher) {
-    t.ptr_hash(h);
-}
-
-trait PtrHash {
-    fn ptr_hash(&self, h: &mut impl Hasher);
-}
-
-impl PtrHash for Tensor {
-    fn ptr_hash(&self, h: &mut impl Hasher) {
-        self.buffer.0.hash(h);
-        self.offset.hash(h);
-        self.dtype.ggml_id().hash(h);
-        self.shape.dims().hash(h);
-    }
+    t.buffer.0.hash(h);
+    t.offset.hash(h);
+    t.dtype.ggml_id().hash(h);
+    t.shape.dims().hash(h);
 }
 
 /// Feeds formatted text into a hasher.
@@ -149,14 +116,14 @@ const MAX_GRAPHS: usize = 64;
 const MAX_SEEN: usize = 4096;
 
 /// Hash of everything a captured graph depends on.
-fn signature(cb: &CudaCommandBuffer) -> u64 {
+fn signature(kernels: &weft_kernels::cuda::CudaKernels, cb: &CudaCommandBuffer) -> u64 {
     let mut h = DefaultHasher::new();
     cb.levels.hash(&mut h);
     for n in &cb.nodes {
         // The op's Debug text, hashed as it is written (no allocation).
         let _ = std::fmt::Write::write_fmt(
             &mut HashWriter(&mut h),
-            format_args!("{:?}", structural(&n.node.op)),
+            format_args!("{:?}", kernels.structural(&n.node.op)),
         );
         for t in n.ins.iter().chain(&n.outs) {
             t.ptr.hash(&mut h);
@@ -194,7 +161,7 @@ impl CudaBackend {
         &self,
         cb: &CudaCommandBuffer,
     ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>), RuntimeError> {
-        let key = signature(cb);
+        let key = signature(&self.kernels, cb);
         let cached = self
             .graphs
             .lock()
