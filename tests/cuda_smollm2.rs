@@ -146,3 +146,80 @@ fn long_decode_on_cuda_is_bit_identical_to_the_cpu() {
         stats.0, stats.1, stats.2
     );
 }
+
+/// Traced decode on CUDA: every node of every command buffer gets a device
+/// time on a stream track (events inside the graphs), the logits stay
+/// bit-identical to the CPU's, and the profile says how nodes were timed.
+#[test]
+fn traced_decode_on_cuda_times_every_node_on_device_streams() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let (mut gpu, model) = load(Device::Cuda(0));
+    let (mut cpu, cpu_model) = load(Device::Cpu);
+    let ids: Vec<u32> = (0..24).map(|i| 200 + 7 * i).collect();
+    let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
+    let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
+    let policy = model.chunk_policy();
+    let mut lc = cpu_model
+        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
+        .expect("cpu prefill");
+    gpu.enable_trace();
+    let mut lg = model
+        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
+        .expect("gpu prefill");
+    let steps = 6;
+    for k in 0..steps {
+        assert!(
+            lg.iter().zip(&lc).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "traced step {k}: logits differ from the CPU's"
+        );
+        let t = argmax(&lc) as u32;
+        lg = model
+            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
+            .expect("gpu decode");
+        lc = cpu_model
+            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
+            .expect("cpu decode");
+    }
+    let trace = gpu.take_trace();
+    assert!(trace.streams >= 1, "no device stream tracks");
+    let device: Vec<_> = trace.events.iter().filter(|e| e.track >= 1000).collect();
+    // Every decode step's nodes (hundreds) plus the prefill's.
+    assert!(
+        device.len() >= steps * 300,
+        "only {} device node slices",
+        device.len()
+    );
+    assert_eq!(device.len(), trace.nodes.len());
+    for e in &device {
+        assert!(
+            e.dur_us.is_finite() && e.dur_us >= 0.0 && e.dur_us < 1e6,
+            "node `{}`: device time {} us",
+            e.name,
+            e.dur_us
+        );
+    }
+    // Device slices fall inside the traced run (on the host's timeline).
+    let host_end = trace
+        .events
+        .iter()
+        .filter(|e| e.track == 0)
+        .map(|e| e.start_us + e.dur_us)
+        .fold(0.0, f64::max);
+    let first = device.iter().map(|e| e.start_us).fold(f64::MAX, f64::min);
+    let last = device
+        .iter()
+        .map(|e| e.start_us + e.dur_us)
+        .fold(0.0, f64::max);
+    assert!(
+        first > 0.0 && last <= host_end + 1e3,
+        "device slices {first}..{last} us outside the host's 0..{host_end} us"
+    );
+    let json = trace.to_chrome_json();
+    assert!(json.contains("device stream 0"));
+    let profile = weft::runtime::Profile::from_trace(&trace, gpu.counters());
+    let table = profile.table();
+    assert!(table.contains("device events"), "{table}");
+    eprintln!("{table}");
+}

@@ -130,7 +130,11 @@ pub trait Builder: Recorder {
     /// `x @ w^T`; quantizes `x` first when `w` needs it and `x` is f32.
     fn matmul(&mut self, x: Tensor, w: Tensor, label: impl Into<Label>) -> Result<Tensor, OpError> {
         let label = label.into();
-        let x = self.activations_for(x, w.dtype, format!("{label}.act"))?;
+        let x = if crate::quant::vec_dot_type(w.dtype) == x.dtype {
+            x
+        } else {
+            self.activations_for(x, w.dtype, format!("{label}.act"))?
+        };
         let dims = [x.rows(), w.rows()];
         self.push_new(Op::MatMul, vec![x, w], DType::F32, &dims, label)
     }

@@ -439,7 +439,30 @@ impl GraphExecutor {
                 let host =
                     std::mem::take(&mut *state.host.lock().unwrap_or_else(|p| p.into_inner()));
                 let jobs = std::mem::take(&mut state.jobs);
-                Trace::build(host, &jobs, threads)
+                #[allow(unused_mut)]
+                let mut device = Vec::new();
+                #[cfg(feature = "cuda")]
+                if let Some(cuda) = &self.cuda {
+                    let works = std::mem::take(&mut state.cuda);
+                    if let (false, Ok((_, origin))) = (works.is_empty(), cuda.clock_origin()) {
+                        let zero = origin.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
+                        for (cb, work) in works {
+                            device.extend(work.node_times().into_iter().map(|t| {
+                                crate::trace::DeviceSpan {
+                                    label: t.label,
+                                    op: t.op,
+                                    layer: t.layer,
+                                    level: t.level,
+                                    command_buffer: cb,
+                                    stream: t.stream,
+                                    start_us: zero + t.start_us,
+                                    dur_us: t.end_us - t.start_us,
+                                }
+                            }));
+                        }
+                    }
+                }
+                Trace::build(host, &jobs, threads, device)
             }
             None => Trace::default(),
         }

@@ -15,16 +15,20 @@ use weft_graph::{BufferId, ByteRange, Node};
 use weft_ops::OpNode;
 
 /// Merges fusable pairs of `nodes`/`payloads` in place; returns how many
-/// nodes were removed.
+/// nodes were removed. `check`: validate every fused node (a fused op's
+/// rules are its parts', which were validated when recorded, so this
+/// checks the pass itself; on in debug builds and tests, like the
+/// schedule checker).
 pub(crate) fn fuse(
     nodes: &mut Vec<Node>,
     payloads: &mut Vec<OpNode>,
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
+    check: bool,
 ) -> usize {
     let mut removed = 0;
     loop {
-        let pairs = candidates(nodes, payloads, dead, supports);
+        let pairs = candidates(nodes, payloads, dead, supports, check);
         if pairs.is_empty() {
             return removed;
         }
@@ -65,6 +69,7 @@ fn candidates(
     payloads: &[OpNode],
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
+    check: bool,
 ) -> Vec<(usize, usize, OpNode)> {
     let readers = readers(nodes, payloads);
     let mut out = Vec::new();
@@ -76,7 +81,7 @@ fn candidates(
         let Some(fused) = weft_ops::fused::fuse_pair(&payloads[i], &payloads[j], keep) else {
             continue;
         };
-        if fused.validate().is_err() || !supports(&fused) || !movable(nodes, i, j) {
+        if (check && fused.validate().is_err()) || !supports(&fused) || !movable(nodes, i, j) {
             continue;
         }
         out.push((i, j, fused));

@@ -27,6 +27,8 @@ pub struct Profile {
     pub stages: Vec<Row>,
     pub kernels: Vec<Row>,
     pub counters: Counters,
+    /// Device streams the nodes ran on (0: the CPU's workers).
+    pub streams: usize,
 }
 
 /// The stage a node belongs to, from its label (model-agnostic heuristics
@@ -82,13 +84,19 @@ impl Profile {
             stages: group(&|n| stage_of(&n.label, n.op).to_string()),
             kernels: group(&|n| n.op.to_string()),
             counters,
+            streams: trace.streams,
         }
     }
 
     /// A plain-text table.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "per-node timing: pieces timed inside levels; the schedule is unchanged (no single-layer command buffers needed)");
+        let how = if self.streams > 0 {
+            "device events before and after every node inside the command buffers' graphs (the same levels and branches, plus the events)"
+        } else {
+            "pieces timed inside levels"
+        };
+        let _ = writeln!(s, "per-node timing: {how}; the schedule is unchanged (no single-layer command buffers needed)");
         for (title, rows) in [("stage", &self.stages), ("kernel", &self.kernels)] {
             let _ = writeln!(
                 s,

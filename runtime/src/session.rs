@@ -104,10 +104,12 @@ impl<'e> GraphSession<'e> {
     /// (diagnostics: tensor dumps, reference comparisons), a copy into a
     /// buffer of its own is recorded and handed back by
     /// [`GraphExecutor::take_taps`] after the step; otherwise nothing happens.
-    pub fn tap(&mut self, name: &str, t: Tensor) -> Result<(), RuntimeError> {
+    /// `name` is only formatted when taps are collected.
+    pub fn tap(&mut self, name: impl std::fmt::Display, t: Tensor) -> Result<(), RuntimeError> {
         if self.exec.taps.is_none() {
             return Ok(());
         }
+        let name = name.to_string();
         let copy = self
             .exec
             .alloc_tensor(DType::F32, t.shape.dims(), &format!("tap.{name}"))?;
@@ -169,6 +171,17 @@ impl<'e> GraphSession<'e> {
         writes: Option<Vec<ByteRange>>,
     ) -> Result<(), RuntimeError> {
         node.validate()?;
+        self.record_validated(node, label, reads, writes)
+    }
+
+    /// `record_with_ranges` for a node that already passed `validate`.
+    fn record_validated(
+        &mut self,
+        node: OpNode,
+        label: Label,
+        reads: Option<Vec<ByteRange>>,
+        writes: Option<Vec<ByteRange>>,
+    ) -> Result<(), RuntimeError> {
         let unknown = reads.is_none() || writes.is_none();
         let (reads, writes) = match (self.mode, unknown) {
             (SessionMode::Recorded, _) | (SessionMode::Eager, false) => (reads, writes),
@@ -288,8 +301,23 @@ impl<'e> GraphSession<'e> {
         };
         let (inflight, _) = self.submit(strategy, true)?;
         let jobs = inflight.jobs.clone();
+        #[cfg(feature = "cuda")]
+        let works = inflight.cuda.clone();
         inflight.wait()?;
-        Ok(collect_timings(&jobs))
+        #[allow(unused_mut)]
+        let mut timings = collect_timings(&jobs);
+        #[cfg(feature = "cuda")]
+        for (cb, w) in works.iter().enumerate() {
+            timings.extend(w.node_times().into_iter().map(|t| NodeTiming {
+                op: t.op,
+                label: t.label,
+                layer: t.layer,
+                command_buffer: cb,
+                level: t.level,
+                micros: t.end_us - t.start_us,
+            }));
+        }
+        Ok(timings)
     }
 
     /// The recording and its schedule, without running anything (for dumps).
@@ -339,7 +367,8 @@ impl<'e> GraphSession<'e> {
             let _ = exec;
             cpu::supports(n).is_ok()
         };
-        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, &dead, &supports)
+        let check = exec.config.check_schedules;
+        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, &dead, &supports, check)
     }
 
     fn end_scopes(&mut self) {
@@ -364,7 +393,7 @@ impl<'e> GraphSession<'e> {
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         #[cfg(feature = "cuda")]
         if let Some(cuda) = self.exec.cuda.clone() {
-            return self.submit_cuda(&cuda, s, &mut payloads, submit_start);
+            return self.submit_cuda(&cuda, s, &mut payloads, submit_start, timed);
         }
         #[cfg(all(feature = "metal", target_os = "macos"))]
         if let Some(metal) = self.exec.metal.clone() {
@@ -407,10 +436,12 @@ impl<'e> GraphSession<'e> {
         s: Schedule,
         payloads: &mut [Option<OpNode>],
         submit_start: Instant,
+        timed: bool,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let mut works = Vec::with_capacity(s.command_buffers.len());
         for cb in &s.command_buffers {
-            let prepared = self.prepare_cuda(cb, payloads)?;
+            let mut prepared = self.prepare_cuda(cb, payloads)?;
+            prepared.timed = timed;
             works.push(cuda.submit(prepared));
             crate::counters::LiveCounters::add(
                 &self.exec.counters.dispatches,
@@ -426,8 +457,15 @@ impl<'e> GraphSession<'e> {
         crate::counters::LiveCounters::add(&counters.command_buffers, works.len() as u64);
         self.end_scopes();
         // The host track (record, schedule + submit, drain); the device's
-        // own timeline is not traced yet.
+        // streams come from the timed works when the trace is taken.
         let trace = self.note_trace(&[], &s, submit_start);
+        if let Some(state) = self.exec.trace.as_mut() {
+            let first = state.next_cb;
+            for (k, w) in works.iter().enumerate() {
+                state.cuda.push((first + k as u64, Arc::clone(w)));
+            }
+            state.next_cb += works.len() as u64;
+        }
         let inflight = InFlight {
             jobs: Vec::new(),
             cuda: works,
@@ -541,6 +579,7 @@ impl<'e> GraphSession<'e> {
                 ins,
                 outs,
                 label,
+                layer: self.nodes[i].layer,
                 fail,
             });
         }
@@ -551,6 +590,7 @@ impl<'e> GraphSession<'e> {
             nodes,
             levels,
             keep_alive: keep.into_values().collect(),
+            timed: false,
         })
     }
 
@@ -672,7 +712,7 @@ impl Recorder for GraphSession<'_> {
 
     fn record(&mut self, node: OpNode, label: Label) -> Result<(), OpError> {
         let (reads, writes) = node.ranges();
-        self.record_with_ranges(node, label, Some(reads), Some(writes))
+        self.record_validated(node, label, Some(reads), Some(writes))
             .map_err(|e| match e {
                 RuntimeError::Op(op) => op,
                 other => OpError::Record(other.to_string()),

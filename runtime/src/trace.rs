@@ -6,7 +6,8 @@
 //! level and command buffer), a track of command buffers (submitted to
 //! completed), and the host track: recording, scheduling and submission of
 //! each step, drains, and pool scopes. Enough to answer "where did this
-//! token's time go".
+//! token's time go". On a GPU the worker tracks are the device's streams:
+//! every node's device time, read from events around it in the graph.
 
 use crate::threadpool::Job;
 use serde_json::{json, Value};
@@ -17,6 +18,21 @@ use std::time::Instant;
 pub(crate) const HOST_TRACK: u64 = 0;
 const CB_TRACK: u64 = 1;
 const FIRST_WORKER_TRACK: u64 = 10;
+const FIRST_STREAM_TRACK: u64 = 1000;
+
+/// One node's time on a device stream, from the device's own clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceSpan {
+    pub label: String,
+    pub op: &'static str,
+    pub layer: Option<u32>,
+    pub level: u32,
+    pub command_buffer: u64,
+    pub stream: usize,
+    /// Microseconds since the trace's epoch.
+    pub start_us: f64,
+    pub dur_us: f64,
+}
 
 /// One complete ("X") event.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +52,9 @@ pub(crate) type HostSink = Arc<Mutex<Vec<TraceEvent>>>;
 pub(crate) struct TraceState {
     pub host: HostSink,
     pub jobs: Vec<(u64, Arc<Job>)>,
+    /// Timed device command buffers (CUDA).
+    #[cfg(feature = "cuda")]
+    pub cuda: Vec<(u64, Arc<crate::cuda::CudaWork>)>,
     pub next_cb: u64,
 }
 
@@ -44,6 +63,8 @@ impl TraceState {
         Self {
             host: Arc::new(Mutex::new(Vec::new())),
             jobs: Vec::new(),
+            #[cfg(feature = "cuda")]
+            cuda: Vec::new(),
             next_cb: 0,
         }
     }
@@ -78,6 +99,8 @@ pub struct Trace {
     /// Timed nodes (for profiles): op, label, layer, microseconds.
     pub nodes: Vec<NodeSpan>,
     pub threads: usize,
+    /// Device streams with traced nodes (GPU backends).
+    pub streams: usize,
 }
 
 /// The span of one node in one command buffer.
@@ -91,17 +114,27 @@ pub struct NodeSpan {
 
 impl Trace {
     /// Builds the trace of completed `jobs` plus the host events.
-    pub(crate) fn build(host: Vec<TraceEvent>, jobs: &[(u64, Arc<Job>)], threads: usize) -> Trace {
+    /// Builds the trace of completed `jobs` (CPU) and `device` spans (GPU)
+    /// plus the host events.
+    pub(crate) fn build(
+        host: Vec<TraceEvent>,
+        jobs: &[(u64, Arc<Job>)],
+        threads: usize,
+        device: Vec<DeviceSpan>,
+    ) -> Trace {
         let mut events = host;
         let mut nodes = Vec::new();
         for (cb, job) in jobs {
             job_events(*cb, job, &mut events, &mut nodes);
         }
+        let streams = device.iter().map(|d| d.stream + 1).max().unwrap_or(0);
+        device_events(device, &mut events, &mut nodes);
         events.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
         Trace {
             events,
             nodes,
             threads,
+            streams,
         }
     }
 
@@ -116,6 +149,12 @@ impl Trace {
             out.push(name(
                 FIRST_WORKER_TRACK + t as u64,
                 format!("cpu worker {t}"),
+            ));
+        }
+        for k in 0..self.streams {
+            out.push(name(
+                FIRST_STREAM_TRACK + k as u64,
+                format!("device stream {k}"),
             ));
         }
         for e in &self.events {
@@ -180,5 +219,40 @@ fn job_events(cb: u64, job: &Job, events: &mut Vec<TraceEvent>, nodes: &mut Vec<
                 micros: e - s,
             });
         }
+    }
+}
+
+/// Slices of device nodes, one track per stream, and each command buffer's
+/// device span (its first node's start to its last node's end).
+fn device_events(device: Vec<DeviceSpan>, events: &mut Vec<TraceEvent>, nodes: &mut Vec<NodeSpan>) {
+    let mut cbs: std::collections::BTreeMap<u64, (f64, f64, usize)> = Default::default();
+    for d in device {
+        let end = d.start_us + d.dur_us;
+        let cb = cbs.entry(d.command_buffer).or_insert((d.start_us, end, 0));
+        *cb = (cb.0.min(d.start_us), cb.1.max(end), cb.2 + 1);
+        events.push(TraceEvent {
+            name: d.label.clone(),
+            cat: d.op,
+            track: FIRST_STREAM_TRACK + d.stream as u64,
+            start_us: d.start_us,
+            dur_us: d.dur_us,
+            args: json!({"op": d.op, "layer": d.layer, "level": d.level, "command_buffer": d.command_buffer, "stream": d.stream}),
+        });
+        nodes.push(NodeSpan {
+            op: d.op,
+            label: d.label,
+            layer: d.layer,
+            micros: d.dur_us,
+        });
+    }
+    for (cb, (start, end, n)) in cbs {
+        events.push(TraceEvent {
+            name: format!("command buffer {cb} (device)"),
+            cat: "command_buffer",
+            track: CB_TRACK,
+            start_us: start,
+            dur_us: end - start,
+            args: json!({"nodes": n}),
+        });
     }
 }

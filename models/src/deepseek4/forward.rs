@@ -155,7 +155,7 @@ impl DeepSeek4 {
             p("hc_ffn.post"),
         )?;
         // The streams leaving the layer (diagnostics: `GraphExecutor::enable_taps`).
-        s.tap(&format!("streams-{l}"), x)?;
+        s.tap(format_args!("streams-{l}"), x)?;
         Ok(())
     }
 

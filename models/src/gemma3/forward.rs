@@ -114,26 +114,26 @@ impl Gemma3 {
             x = x.rows_view(ctx.keep_from, n - ctx.keep_from)?;
         }
         let c = &self.config;
-        s.tap(&format!("attn_out-{l}"), o)?;
+        s.tap(format_args!("attn_out-{l}"), o)?;
         let o = s.rms_norm(o, w.post_attn_norm, c.rms_eps, "attn_post_norm")?;
-        s.tap(&format!("attn_post_norm-{l}"), o)?;
+        s.tap(format_args!("attn_post_norm-{l}"), o)?;
         s.add_into(x, o, "attn_residual")?;
-        s.tap(&format!("sa_out-{l}"), x)?;
+        s.tap(format_args!("sa_out-{l}"), x)?;
         let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
-        s.tap(&format!("ffn_norm-{l}"), h)?;
+        s.tap(format_args!("ffn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
         let g = s.matmul(hq, w.gate, "ffn_gate")?;
         let u = s.matmul(hq, w.up, "ffn_up")?;
-        s.tap(&format!("ffn_gate-{l}"), g)?;
-        s.tap(&format!("ffn_up-{l}"), u)?;
+        s.tap(format_args!("ffn_gate-{l}"), g)?;
+        s.tap(format_args!("ffn_up-{l}"), u)?;
         let m = s.gelu_mul(g, u, "ffn_geglu")?;
-        s.tap(&format!("ffn_geglu-{l}"), m)?;
+        s.tap(format_args!("ffn_geglu-{l}"), m)?;
         let d = s.matmul(m, w.down, "ffn_down")?;
-        s.tap(&format!("ffn_out-{l}"), d)?;
+        s.tap(format_args!("ffn_out-{l}"), d)?;
         let d = s.rms_norm(d, w.post_ffn_norm, c.rms_eps, "ffn_post_norm")?;
-        s.tap(&format!("ffn_post_norm-{l}"), d)?;
+        s.tap(format_args!("ffn_post_norm-{l}"), d)?;
         s.add_into(x, d, "ffn_residual")?;
-        s.tap(&format!("l_out-{l}"), x)?;
+        s.tap(format_args!("l_out-{l}"), x)?;
         Ok(x)
     }
 
@@ -158,24 +158,24 @@ impl Gemma3 {
         }
         let rope = c.layer_rope(l);
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
-        s.tap(&format!("attn_norm-{l}"), h)?;
+        s.tap(format_args!("attn_norm-{l}"), h)?;
         // Q, K and V read the same activations: quantize them once.
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
         let q = s.matmul(hq, w.wq, "attn_q")?;
         let k = s.matmul(hq, w.wk, "attn_k")?;
         let v = s.matmul(hq, w.wv, "attn_v")?;
-        s.tap(&format!("Vcur-{l}"), v)?;
+        s.tap(format_args!("Vcur-{l}"), v)?;
         let q = self.head_norm(s, q, c.heads, w.q_norm, "attn_q_norm")?;
-        s.tap(&format!("Qcur_normed-{l}"), q)?;
+        s.tap(format_args!("Qcur_normed-{l}"), q)?;
         let q = s.rope(q, ctx.positions, rope, "rope_q")?;
         // Scaled before attention (which then scales by 1), as llama.cpp
         // does: the order matters once attention rounds q to f16.
         let q = s.scale(q, c.query_scale, "q_scale")?;
-        s.tap(&format!("Qcur-{l}"), q)?;
+        s.tap(format_args!("Qcur-{l}"), q)?;
         let k = self.head_norm(s, k, c.kv_heads, w.k_norm, "attn_k_norm")?;
-        s.tap(&format!("Kcur_normed-{l}"), k)?;
+        s.tap(format_args!("Kcur_normed-{l}"), k)?;
         let k = s.rope(k, ctx.positions, rope, "rope_k")?;
-        s.tap(&format!("Kcur-{l}"), k)?;
+        s.tap(format_args!("Kcur-{l}"), k)?;
         s.set_rows(k, kv.k, ctx.span.start, kv.ring, "cache_k")?;
         s.set_rows(v, kv.v, ctx.span.start, kv.ring, "cache_v")?;
         let rows = kv.ring.map_or(ctx.span.end() as usize, |r| r as usize);
@@ -193,7 +193,7 @@ impl Gemma3 {
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;
         let a = s.attention(q, kview, vview, params, "attn")?;
-        s.tap(&format!("kqv_out-{l}"), a)?;
+        s.tap(format_args!("kqv_out-{l}"), a)?;
         debug_assert_eq!(a.rows(), n);
         Ok(a)
     }

@@ -84,16 +84,16 @@ impl Llama {
         let n = x.rows();
         let kv = cache.layer(l);
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
-        s.tap(&format!("attn_norm-{l}"), h)?;
+        s.tap(format_args!("attn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
         let q = s.matmul(hq, w.wq, "attn_q")?;
-        s.tap(&format!("Qcur-{l}"), q)?;
+        s.tap(format_args!("Qcur-{l}"), q)?;
         let q = s.rope(q, positions, c.rope, "rope_q")?;
         let k = s.matmul(hq, w.wk, "attn_k")?;
         let k = s.rope(k, positions, c.rope, "rope_k")?;
-        s.tap(&format!("Kcur-{l}"), k)?;
+        s.tap(format_args!("Kcur-{l}"), k)?;
         let v = s.matmul(hq, w.wv, "attn_v")?;
-        s.tap(&format!("Vcur-{l}"), v)?;
+        s.tap(format_args!("Vcur-{l}"), v)?;
         s.set_rows(k, kv.k, span.start, kv.ring, "cache_k")?;
         s.set_rows(v, kv.v, span.start, kv.ring, "cache_v")?;
         let rows = kv.ring.map_or(span.end() as usize, |r| r as usize);
@@ -110,30 +110,30 @@ impl Llama {
         };
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;
-        s.tap(&format!("Qrope-{l}"), q)?;
+        s.tap(format_args!("Qrope-{l}"), q)?;
         let mut a = s.attention(q, kview, vview, params, "attn")?;
-        s.tap(&format!("kqv_out-{l}"), a)?;
+        s.tap(format_args!("kqv_out-{l}"), a)?;
         let mut x = x;
         if keep_from > 0 {
             a = a.rows_view(keep_from, n - keep_from)?;
             x = x.rows_view(keep_from, n - keep_from)?;
         }
         let o = s.matmul(a, w.wo, "attn_output")?;
-        s.tap(&format!("attn_out-{l}"), o)?;
+        s.tap(format_args!("attn_out-{l}"), o)?;
         s.add_into(x, o, "attn_residual")?;
-        s.tap(&format!("ffn_inp-{l}"), x)?;
+        s.tap(format_args!("ffn_inp-{l}"), x)?;
         let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
         let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
         let g = s.matmul(hq, w.gate, "ffn_gate")?;
         let u = s.matmul(hq, w.up, "ffn_up")?;
-        s.tap(&format!("ffn_gate-{l}"), g)?;
-        s.tap(&format!("ffn_up-{l}"), u)?;
+        s.tap(format_args!("ffn_gate-{l}"), g)?;
+        s.tap(format_args!("ffn_up-{l}"), u)?;
         let m = s.silu_mul(g, u, "ffn_silu_mul")?;
-        s.tap(&format!("ffn_swiglu-{l}"), m)?;
+        s.tap(format_args!("ffn_swiglu-{l}"), m)?;
         let d = s.matmul(m, w.down, "ffn_down")?;
-        s.tap(&format!("ffn_out-{l}"), d)?;
+        s.tap(format_args!("ffn_out-{l}"), d)?;
         s.add_into(x, d, "ffn_residual")?;
-        s.tap(&format!("l_out-{l}"), x)?;
+        s.tap(format_args!("l_out-{l}"), x)?;
         Ok(x)
     }
 }

@@ -21,6 +21,7 @@ pub(crate) struct CudaNode {
     pub ins: Vec<DeviceTensor>,
     pub outs: Vec<DeviceTensor>,
     pub label: String,
+    pub layer: Option<u32>,
     pub fail: bool,
 }
 
@@ -29,6 +30,37 @@ pub(crate) struct CudaCommandBuffer {
     pub nodes: Vec<CudaNode>,
     pub levels: Vec<Range<usize>>,
     pub keep_alive: Vec<Arc<Storage>>,
+    /// Time every node on the device (traces, profiles).
+    pub timed: bool,
+}
+
+/// Device times of a timed command buffer's nodes (start, end), in
+/// microseconds from the backend's clock origin; `None` until collected.
+type TimeSlot = Arc<Mutex<Option<Vec<(f64, f64)>>>>;
+
+/// The timing events of a timed graph: an origin on the main stream, a
+/// start and an end event around every node, on the node's stream. They
+/// are part of the captured graph (event record nodes), so a replay
+/// re-records them; the previous replay's times are read before that.
+struct NodeClock {
+    origin: CudaEvent,
+    marks: Vec<(CudaEvent, CudaEvent)>,
+    /// The slot of the replay whose times are still in the events.
+    pending: Mutex<Option<TimeSlot>>,
+}
+
+/// One node of a timed command buffer, as a trace shows it.
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceNodeTime {
+    pub label: String,
+    pub op: &'static str,
+    pub layer: Option<u32>,
+    pub level: u32,
+    /// Which of the backend's streams ran it (0 = main).
+    pub stream: usize,
+    /// Microseconds from the backend's clock origin.
+    pub start_us: f64,
+    pub end_us: f64,
 }
 
 /// A captured graph and the device memory it reads per replay.
@@ -42,6 +74,9 @@ pub(crate) struct CachedGraph {
     _scratch: DeviceBuffer,
     /// Completion of the previous replay (staging may be rewritten after it).
     last: Mutex<Option<CudaEvent>>,
+    clock: Option<NodeClock>,
+    /// The backend's clock origin (timed graphs).
+    origin: Option<Arc<CudaEvent>>,
 }
 
 // SAFETY: the graph and pinned staging are only touched under their mutexes;
@@ -56,6 +91,9 @@ pub(crate) struct CudaWork {
     error: Mutex<Option<RuntimeError>>,
     _keep_alive: Vec<Arc<Storage>>,
     _graph: Option<Arc<CachedGraph>>,
+    /// Timed command buffers: the nodes (label, op, layer, level, stream)
+    /// and where their device times land.
+    timing: Option<(Vec<DeviceNodeTime>, TimeSlot)>,
 }
 
 // SAFETY: the event is only synchronized on; everything else is plain data.
@@ -82,12 +120,40 @@ impl CudaWork {
         self.done.as_ref().is_none_or(|e| e.is_complete())
     }
 
+    /// The device times of a timed command buffer's nodes, once it ran
+    /// (waits for it); empty for untimed or failed work.
+    pub(crate) fn node_times(&self) -> Vec<DeviceNodeTime> {
+        let Some((nodes, slot)) = &self.timing else {
+            return Vec::new();
+        };
+        if self.wait().is_err() {
+            return Vec::new();
+        }
+        if let Some(g) = &self._graph {
+            let _ = g.collect_times(Some(slot));
+        }
+        let times = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(times) = times.as_ref() else {
+            return Vec::new();
+        };
+        nodes
+            .iter()
+            .zip(times)
+            .map(|(n, &(start_us, end_us))| DeviceNodeTime {
+                start_us,
+                end_us,
+                ..n.clone()
+            })
+            .collect()
+    }
+
     fn failed(e: RuntimeError, keep_alive: Vec<Arc<Storage>>) -> CudaWork {
         CudaWork {
             done: None,
             error: Mutex::new(Some(e)),
             _keep_alive: keep_alive,
             _graph: None,
+            timing: None,
         }
     }
 }
@@ -119,6 +185,7 @@ const MAX_SEEN: usize = 4096;
 fn signature(kernels: &weft_kernels::cuda::CudaKernels, cb: &CudaCommandBuffer) -> u64 {
     let mut h = DefaultHasher::new();
     cb.levels.hash(&mut h);
+    cb.timed.hash(&mut h);
     for n in &cb.nodes {
         // The op's Debug text, hashed as it is written (no allocation).
         let _ = std::fmt::Write::write_fmt(
@@ -147,9 +214,10 @@ impl CudaBackend {
             return Arc::new(CudaWork::failed(e, cb.keep_alive));
         }
         match self.run(&cb) {
-            Ok((done, graph)) => Arc::new(CudaWork {
+            Ok((done, graph, slot)) => Arc::new(CudaWork {
                 done: Some(done),
                 error: Mutex::new(None),
+                timing: slot.map(|slot| (timed_nodes(&cb), slot)),
                 _keep_alive: cb.keep_alive,
                 _graph: graph,
             }),
@@ -157,10 +225,11 @@ impl CudaBackend {
         }
     }
 
+    #[allow(clippy::type_complexity)]
     fn run(
         &self,
         cb: &CudaCommandBuffer,
-    ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>), RuntimeError> {
+    ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>, Option<TimeSlot>), RuntimeError> {
         let key = signature(&self.kernels, cb);
         let cached = self
             .graphs
@@ -193,6 +262,17 @@ impl CudaBackend {
             }
         };
         self.load_step_values(&graph, cb)?;
+        // A timed graph's events still hold the previous replay's times:
+        // read them before this replay records over them.
+        let slot = match &graph.clock {
+            Some(clock) => {
+                graph.collect_times(None)?;
+                let slot: TimeSlot = Arc::new(Mutex::new(None));
+                *clock.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&slot));
+                Some(slot)
+            }
+            None => None,
+        };
         let launched = graph
             .graph
             .lock()
@@ -206,14 +286,14 @@ impl CudaBackend {
             }
             None => {
                 let staging = graph.staging.lock().unwrap_or_else(|p| p.into_inner());
-                self.launch_levels(cb, &graph, staging.as_slice().map_err(driver)?)?;
+                self.launch_levels(cb, &graph, staging.as_slice().map_err(driver)?, false)?;
                 self.stats.eager.fetch_add(1, Ordering::Relaxed);
             }
         }
         let done = self.main.record_event(None).map_err(driver)?;
         *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(self.main.record_event(None).map_err(driver)?);
-        Ok((done, Some(graph)))
+        Ok((done, Some(graph), slot))
     }
 
     /// Allocates a graph's step buffer, staging and scratch, prepares the
@@ -245,7 +325,33 @@ impl CudaBackend {
         // SAFETY: pinned memory is written before any copy reads it.
         let staging =
             unsafe { self.ctx.alloc_pinned::<u8>(staging_len.max(64)) }.map_err(driver)?;
+        let origin = if cb.timed {
+            Some(self.clock_origin()?.0)
+        } else {
+            None
+        };
+        let clock = if cb.timed {
+            let event = || {
+                self.ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver)
+            };
+            let marks = cb
+                .nodes
+                .iter()
+                .map(|_| Ok((event()?, event()?)))
+                .collect::<Result<_, RuntimeError>>()?;
+            Some(NodeClock {
+                origin: event()?,
+                marks,
+                pending: Mutex::new(None),
+            })
+        } else {
+            None
+        };
         let g = CachedGraph {
+            clock,
+            origin,
             graph: Mutex::new(None),
             step: self.alloc(step_len.max(1) * 4)?,
             step_offsets,
@@ -263,7 +369,7 @@ impl CudaBackend {
             self.main
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
-            let launched = self.launch_levels(cb, &g, host);
+            let launched = self.launch_levels(cb, &g, host, true);
             let captured = self.main.end_capture(sys::CUgraphInstantiate_flags(0));
             drop(launched?);
             drop(staging);
@@ -311,9 +417,13 @@ impl CudaBackend {
         cb: &CudaCommandBuffer,
         g: &CachedGraph,
         host: &[u8],
+        capturing: bool,
     ) -> Result<Vec<CudaEvent>, RuntimeError> {
         let mut events = Vec::new();
         let mut scratch = g._scratch.ptr;
+        if let Some(clock) = &g.clock {
+            mark(&clock.origin, &self.main, capturing)?;
+        }
         for level in &cb.levels {
             let width = level.len().min(BRANCH_STREAMS);
             if width > 1 {
@@ -333,6 +443,9 @@ impl CudaBackend {
                 let step = g.step.ptr + 4 * g.step_offsets[i] as u64;
                 let node_scratch = scratch;
                 scratch += self.kernels.scratch_bytes(&n.node).next_multiple_of(256) as u64;
+                if let Some(clock) = &g.clock {
+                    mark(&clock.marks[i].0, stream, capturing)?;
+                }
                 self.launch_node(
                     stream,
                     n,
@@ -340,6 +453,9 @@ impl CudaBackend {
                     node_scratch,
                     step,
                 )?;
+                if let Some(clock) = &g.clock {
+                    mark(&clock.marks[i].1, stream, capturing)?;
+                }
             }
             if width > 1 {
                 for s in &self.branches[..width - 1] {
@@ -379,5 +495,71 @@ impl CudaBackend {
                 .launch(stream, &n.node, &n.ins, &n.outs, scratch, step)
         }
         .map_err(fail)
+    }
+}
+
+/// Records a timing event on `stream`; inside a capture it becomes an event
+/// record node of the graph (a plain record would only mark a dependency).
+fn mark(event: &CudaEvent, stream: &CudaStream, capturing: bool) -> Result<(), RuntimeError> {
+    let flags = if capturing {
+        sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32
+    } else {
+        sys::CUevent_record_flags_enum::CU_EVENT_RECORD_DEFAULT as u32
+    };
+    // SAFETY: both handles are live objects of this context.
+    unsafe { sys::cuEventRecordWithFlags(event.cu_event(), stream.cu_stream(), flags) }
+        .result()
+        .map_err(driver)
+}
+
+/// Which stream `launch_levels` gives each node, and its level.
+fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceNodeTime> {
+    let mut out = Vec::with_capacity(cb.nodes.len());
+    for (level, range) in cb.levels.iter().enumerate() {
+        let width = range.len().min(BRANCH_STREAMS);
+        for (k, i) in range.clone().enumerate() {
+            let n = &cb.nodes[i];
+            out.push(DeviceNodeTime {
+                label: n.label.clone(),
+                op: n.node.op.name(),
+                layer: n.layer,
+                level: level as u32,
+                stream: k % width,
+                start_us: 0.0,
+                end_us: 0.0,
+            });
+        }
+    }
+    out
+}
+
+impl CachedGraph {
+    /// Reads the pending replay's node times into its slot (only when that
+    /// slot is `only`, if given). The replay must have completed.
+    fn collect_times(&self, only: Option<&TimeSlot>) -> Result<(), RuntimeError> {
+        let Some(clock) = &self.clock else {
+            return Ok(());
+        };
+        let mut pending = clock.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match (pending.as_ref(), only) {
+            (None, _) => return Ok(()),
+            (Some(p), Some(o)) if !Arc::ptr_eq(p, o) => return Ok(()),
+            (Some(p), _) => Arc::clone(p),
+        };
+        *pending = None;
+        let origin = self.origin.as_ref().ok_or_else(|| {
+            RuntimeError::Usage("a timed CUDA graph without a clock origin".into())
+        })?;
+        let us = |a: &CudaEvent, b: &CudaEvent| -> Result<f64, RuntimeError> {
+            Ok(a.elapsed_ms(b).map_err(driver)? as f64 * 1e3)
+        };
+        let base = us(origin, &clock.origin)?;
+        let times = clock
+            .marks
+            .iter()
+            .map(|(s, e)| Ok((base + us(&clock.origin, s)?, base + us(&clock.origin, e)?)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(times);
+        Ok(())
     }
 }

@@ -20,7 +20,10 @@ use crate::RuntimeError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use weft_kernels::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use std::time::Instant;
+use weft_kernels::cuda::cudarc::driver::{
+    result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr,
+};
 use weft_kernels::cuda::CudaKernels;
 
 /// Why CUDA cannot be used on this machine, if it cannot.
@@ -60,6 +63,8 @@ pub(crate) struct CudaBackend {
     pub seen: Mutex<std::collections::HashSet<u64>>,
     pub use_graphs: bool,
     pub stats: GraphStats,
+    /// Device time zero of node timings and the host instant it maps to.
+    clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
 }
 
 /// Streams a level's nodes are spread over.
@@ -97,6 +102,7 @@ impl CudaBackend {
             seen: Mutex::new(std::collections::HashSet::new()),
             use_graphs,
             stats: GraphStats::default(),
+            clock: Mutex::new(None),
         })
     }
 
@@ -145,6 +151,25 @@ impl CudaBackend {
             s.synchronize().map_err(driver)?;
         }
         Ok(())
+    }
+
+    /// The clock origin of device timings: an event recorded on an idle
+    /// device and the host instant just after it completed (set once).
+    pub(crate) fn clock_origin(&self) -> Result<(Arc<CudaEvent>, Instant), RuntimeError> {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((e, at)) = clock.as_ref() {
+            return Ok((Arc::clone(e), *at));
+        }
+        self.synchronize()?;
+        let e = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver)?;
+        e.record(&self.main).map_err(driver)?;
+        e.synchronize().map_err(driver)?;
+        let origin = (Arc::new(e), Instant::now());
+        *clock = Some((Arc::clone(&origin.0), origin.1));
+        Ok(origin)
     }
 
     pub(crate) fn name(&self) -> String {
