@@ -386,6 +386,7 @@ impl<'e> GraphSession<'e> {
         let submit_start = Instant::now();
         self.run_fusion();
         let s = self.schedule(strategy)?;
+        let submit_start = (submit_start, Instant::now());
         if self.exec.config.graph_diag {
             print_diag(&s);
         }
@@ -435,7 +436,7 @@ impl<'e> GraphSession<'e> {
         cuda: &Arc<crate::cuda::CudaBackend>,
         s: Schedule,
         payloads: &mut [Option<OpNode>],
-        submit_start: Instant,
+        submit_start: (Instant, Instant),
         timed: bool,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let mut works = Vec::with_capacity(s.command_buffers.len());
@@ -600,21 +601,33 @@ impl<'e> GraphSession<'e> {
         &mut self,
         jobs: &[Arc<Job>],
         s: &Schedule,
-        submit_start: Instant,
+        (submit_start, scheduled): (Instant, Instant),
     ) -> Option<(crate::trace::HostSink, Instant)> {
+        use crate::trace::host_span;
         let epoch = self.exec.epoch;
         let state = self.exec.trace.as_mut()?;
         let record = serde_json::json!({"nodes": self.nodes.len()});
-        host_slice(&state.host, epoch, self.started, "record", "record", record);
-        let submit = serde_json::json!({"command_buffers": jobs.len(), "barriers": s.barriers(), "reordered": s.reordered()});
-        host_slice(
+        host_span(
+            &state.host,
+            epoch,
+            self.started,
+            submit_start,
+            "record",
+            "record",
+            record,
+        );
+        let schedule = serde_json::json!({"nodes after fusion": self.nodes.len(), "barriers": s.barriers(), "reordered": s.reordered()});
+        host_span(
             &state.host,
             epoch,
             submit_start,
-            "schedule + submit",
-            "submit",
-            submit,
+            scheduled,
+            "fuse + schedule",
+            "schedule",
+            schedule,
         );
+        let submit = serde_json::json!({"command_buffers": s.command_buffers.len()});
+        host_slice(&state.host, epoch, scheduled, "submit", "submit", submit);
         for job in jobs {
             state.jobs.push((state.next_cb, Arc::clone(job)));
             state.next_cb += 1;

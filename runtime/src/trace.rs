@@ -79,8 +79,21 @@ pub(crate) fn host_slice(
     cat: &'static str,
     args: Value,
 ) {
+    host_span(sink, epoch, start, Instant::now(), name, cat, args);
+}
+
+/// Notes a host slice from `start` to `end`.
+pub(crate) fn host_span(
+    sink: &HostSink,
+    epoch: Instant,
+    start: Instant,
+    end: Instant,
+    name: &str,
+    cat: &'static str,
+    args: Value,
+) {
     let start_us = start.duration_since(epoch).as_secs_f64() * 1e6;
-    let dur_us = start.elapsed().as_secs_f64() * 1e6;
+    let dur_us = end.saturating_duration_since(start).as_secs_f64() * 1e6;
     let mut events = sink.lock().unwrap_or_else(|p| p.into_inner());
     events.push(TraceEvent {
         name: name.to_string(),

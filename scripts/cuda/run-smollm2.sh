@@ -29,4 +29,6 @@ WEFT_CUDA_GRAPHS=0 timeout 150 .device/weft bench --backend cuda --reps 3 2>&1 |
 echo "== profile"
 timeout 120 .device/weft bench --backend cuda --reps 1 --pp 512 --tg 64 --profile > "$OUT/profile.txt" 2>&1 || status=1
 head -45 "$OUT/profile.txt"
+echo "== trace (device stream tracks)"
+timeout 120 .device/weft bench --backend cuda --reps 1 --pp 64 --tg 8 --trace "$OUT/trace.json" 2>&1 | tail -2 || status=1
 exit $status

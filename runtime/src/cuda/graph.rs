@@ -550,8 +550,12 @@ impl CachedGraph {
         let origin = self.origin.as_ref().ok_or_else(|| {
             RuntimeError::Usage("a timed CUDA graph without a clock origin".into())
         })?;
+        // The replay completed (the caller waited for it), so every event
+        // did: read the times without a synchronize per event.
         let us = |a: &CudaEvent, b: &CudaEvent| -> Result<f64, RuntimeError> {
-            Ok(a.elapsed_ms(b).map_err(driver)? as f64 * 1e3)
+            // SAFETY: both events are live, timing-enabled and completed.
+            let ms = unsafe { result::event::elapsed(a.cu_event(), b.cu_event()) };
+            Ok(ms.map_err(driver)? as f64 * 1e3)
         };
         let base = us(origin, &clock.origin)?;
         let times = clock
