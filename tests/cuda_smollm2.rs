@@ -223,3 +223,61 @@ fn traced_decode_on_cuda_times_every_node_on_device_streams() {
     assert!(table.contains("device events"), "{table}");
     eprintln!("{table}");
 }
+
+/// Decode steps reuse the first step's plan (fusion, schedule, graphs);
+/// with schedule checking on, every reuse is compared against a fresh
+/// fusion and schedule of the step (an error if they differ), and the
+/// logits stay bit-identical to the CPU's.
+#[test]
+fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+        .expect("model");
+    let config = ExecutorConfig {
+        check_schedules: true,
+        ..Default::default()
+    };
+    let mut gpu = GraphExecutor::with_config(Device::Cuda(0), config).expect("executor");
+    let model = Model::load(&path, &mut gpu).expect("load");
+    let (mut cpu, cpu_model) = load(Device::Cpu);
+    let ids: Vec<u32> = (0..40).map(|i| 300 + 11 * i).collect();
+    let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
+    let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
+    let policy = model.chunk_policy();
+    let mut lg = model
+        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
+        .expect("gpu prefill");
+    let mut lc = cpu_model
+        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
+        .expect("cpu prefill");
+    let before = gpu.counters();
+    let steps = 24;
+    for k in 0..steps {
+        assert!(
+            lg.iter().zip(&lc).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step {k}: logits differ from the CPU's"
+        );
+        let t = argmax(&lc) as u32;
+        lg = model
+            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
+            .expect("gpu decode");
+        lc = cpu_model
+            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
+            .expect("cpu decode");
+    }
+    let c = gpu.counters() - before;
+    eprintln!(
+        "{steps} decode steps: {} planned commits",
+        c.planned_commits
+    );
+    // Consecutive steps alternate between two structures (the pools hand
+    // them different upload buffers); each runs eagerly once and is
+    // captured once, then every step reuses a plan.
+    assert!(
+        c.planned_commits >= steps as u64 - 4,
+        "only {} of {steps} steps reused the plan",
+        c.planned_commits
+    );
+}

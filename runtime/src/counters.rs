@@ -1,5 +1,6 @@
 //! Counters kept apart, as the seed runtime did: dispatches, barriers,
-//! command buffers, commits, waits, pool allocations.
+//! command buffers, commits (and those that reused a step plan), waits,
+//! pool allocations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,6 +13,7 @@ pub(crate) struct LiveCounters {
     pub commits: AtomicU64,
     pub waits: AtomicU64,
     pub pool_allocations: AtomicU64,
+    pub planned_commits: AtomicU64,
 }
 
 /// A snapshot of an executor's counters.
@@ -29,6 +31,9 @@ pub struct Counters {
     pub waits: u64,
     /// Buffers the pools had to allocate (not recycle).
     pub pool_allocations: u64,
+    /// Commits that reused the previous recording's plan (fusion,
+    /// schedule, captured graphs) instead of making one (GPU backends).
+    pub planned_commits: u64,
 }
 
 impl LiveCounters {
@@ -41,6 +46,7 @@ impl LiveCounters {
             commits: g(&self.commits),
             waits: g(&self.waits),
             pool_allocations: g(&self.pool_allocations),
+            planned_commits: g(&self.planned_commits),
         }
     }
 
@@ -59,6 +65,7 @@ impl std::ops::Sub for Counters {
             commits: self.commits - o.commits,
             waits: self.waits - o.waits,
             pool_allocations: self.pool_allocations - o.pool_allocations,
+            planned_commits: self.planned_commits - o.planned_commits,
         }
     }
 }

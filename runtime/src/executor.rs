@@ -78,6 +78,10 @@ pub struct GraphExecutor {
     /// The CUDA device, when the executor runs on one.
     #[cfg(feature = "cuda")]
     pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
+    /// Plans of recent CUDA recordings (most recent first), reused while
+    /// steps repeat one.
+    #[cfg(feature = "cuda")]
+    pub(crate) step_plans: Vec<crate::cuda::plan::StepPlan>,
     /// The Metal device, when the executor runs on one.
     #[cfg(all(feature = "metal", target_os = "macos"))]
     pub(crate) metal: Option<Arc<crate::metal::MetalBackend>>,
@@ -128,6 +132,8 @@ impl GraphExecutor {
             fault_seen: 0,
             #[cfg(feature = "cuda")]
             cuda,
+            #[cfg(feature = "cuda")]
+            step_plans: Vec::new(),
             #[cfg(all(feature = "metal", target_os = "macos"))]
             metal,
             taps: None,

@@ -14,8 +14,18 @@ use std::collections::HashSet;
 use weft_graph::{BufferId, ByteRange, Node};
 use weft_ops::OpNode;
 
-/// Merges fusable pairs of `nodes`/`payloads` in place; returns how many
-/// nodes were removed. `check`: validate every fused node (a fused op's
+/// One merge of the pass: node `first` into its reader `second` (indices
+/// in the recording as it was at that round), keeping the intermediate or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Merge {
+    pub first: usize,
+    pub second: usize,
+    pub keep: bool,
+}
+
+/// Merges fusable pairs of `nodes`/`payloads` in place; returns the merges
+/// of each round (replayable on a recording of the same structure with
+/// [`replay`]). `check`: validate every fused node (a fused op's
 /// rules are its parts', which were validated when recorded, so this
 /// checks the pass itself; on in debug builds and tests, like the
 /// schedule checker).
@@ -25,18 +35,24 @@ pub(crate) fn fuse(
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
     check: bool,
-) -> usize {
-    let mut removed = 0;
+) -> Vec<Vec<Merge>> {
+    let mut rounds = Vec::new();
     loop {
         let pairs = candidates(nodes, payloads, dead, supports, check);
         if pairs.is_empty() {
-            return removed;
+            return rounds;
         }
         let mut gone = vec![false; nodes.len()];
-        for (i, j, fused) in pairs {
+        let mut round = Vec::new();
+        for (i, j, keep, fused) in pairs {
             if gone[i] || gone[j] {
                 continue;
             }
+            round.push(Merge {
+                first: i,
+                second: j,
+                keep,
+            });
             let label = format!("{}+{}", nodes[i].label, nodes[j].label);
             let (reads, writes) = fused.ranges();
             nodes[j] = Node {
@@ -48,8 +64,8 @@ pub(crate) fn fuse(
             };
             payloads[j] = fused;
             gone[i] = true;
-            removed += 1;
         }
+        rounds.push(round);
         let mut k = 0;
         nodes.retain(|_| {
             k += 1;
@@ -63,14 +79,34 @@ pub(crate) fn fuse(
     }
 }
 
-/// `(i, j, fused)`: node `i` can merge into its only reader `j`.
+/// Applies the merges [`fuse`] made on a recording of the same structure
+/// to `payloads` (the nodes' ranges are not needed: the schedule is reused
+/// too). `None` if a merge does not apply, which a caller treats as "not
+/// the same structure".
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn replay(payloads: Vec<OpNode>, rounds: &[Vec<Merge>]) -> Option<Vec<OpNode>> {
+    let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
+    for round in rounds {
+        for m in round {
+            let first = payloads.get(m.first)?.as_ref()?;
+            let second = payloads.get(m.second)?.as_ref()?;
+            let fused = weft_ops::fused::fuse_pair(first, second, m.keep)?;
+            payloads[m.second] = Some(fused);
+            payloads[m.first] = None;
+        }
+        payloads.retain(Option::is_some);
+    }
+    payloads.into_iter().collect()
+}
+
+/// `(i, j, keep, fused)`: node `i` can merge into its only reader `j`.
 fn candidates(
     nodes: &[Node],
     payloads: &[OpNode],
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
     check: bool,
-) -> Vec<(usize, usize, OpNode)> {
+) -> Vec<(usize, usize, bool, OpNode)> {
     let readers = readers(nodes, payloads);
     let mut out = Vec::new();
     for (i, r) in readers.iter().enumerate() {
@@ -84,7 +120,7 @@ fn candidates(
         if (check && fused.validate().is_err()) || !supports(&fused) || !movable(nodes, i, j) {
             continue;
         }
-        out.push((i, j, fused));
+        out.push((i, j, keep, fused));
     }
     out
 }
@@ -129,4 +165,47 @@ fn movable(nodes: &[Node], i: usize, j: usize) -> bool {
             |x: &[ByteRange], y: &[ByteRange]| x.iter().any(|p| y.iter().any(|q| p.overlaps(q)));
         !hits(&b.writes, &a.reads) && !hits(&b.writes, &a.writes) && !hits(&b.reads, &a.writes)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_ops::{DType, Op, Shape, Tensor};
+
+    fn t(buffer: u32, dtype: DType, dims: &[usize]) -> Tensor {
+        Tensor::new(BufferId(buffer), 0, dtype, Shape::new(dims)).unwrap()
+    }
+
+    /// add (in place), rms_norm, quantize: two rounds of merges, and
+    /// replaying them on the unfused payloads gives the fused ones.
+    #[test]
+    fn merges_replay_onto_an_equal_recording() {
+        let (x, b, w) = (
+            t(0, DType::F32, &[1, 64]),
+            t(1, DType::F32, &[1, 64]),
+            t(2, DType::F32, &[64]),
+        );
+        let (h, q) = (t(3, DType::F32, &[1, 64]), t(4, DType::Q8_0, &[1, 64]));
+        let payloads = vec![
+            OpNode::new(Op::Add, vec![x, b], vec![x]),
+            OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x, w], vec![h]),
+            OpNode::new(Op::QuantizeRows, vec![h], vec![q]),
+        ];
+        let mut nodes: Vec<Node> = payloads
+            .iter()
+            .map(|p| {
+                let (reads, writes) = p.ranges();
+                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
+            })
+            .collect();
+        let mut fused = payloads.clone();
+        let dead: HashSet<BufferId> = [BufferId(3)].into();
+        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true);
+        assert_eq!(rounds.len(), 2);
+        assert_eq!(fused.len(), 1);
+        assert!(matches!(fused[0].op, Op::AddRmsNormQuantize { .. }));
+        assert_eq!(replay(payloads.clone(), &rounds), Some(fused));
+        // A recording of another structure does not take the merges.
+        assert_eq!(replay(payloads[1..].to_vec(), &rounds), None);
+    }
 }

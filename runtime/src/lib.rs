@@ -27,6 +27,7 @@ mod session;
 mod submission;
 mod threadpool;
 mod trace;
+mod widen;
 
 pub use config::{ExecutorConfig, Fault};
 pub use counters::Counters;

@@ -119,8 +119,8 @@ impl Profile {
         let c = &self.counters;
         let _ = writeln!(
             s,
-            "\ncounters: dispatches {} | barriers {} | command buffers {} | commits {} | waits {} | pool allocations {}",
-            c.dispatches, c.barriers, c.command_buffers, c.commits, c.waits, c.pool_allocations
+            "\ncounters: dispatches {} | barriers {} | command buffers {} | commits {} (planned {}) | waits {} | pool allocations {}",
+            c.dispatches, c.barriers, c.command_buffers, c.commits, c.planned_commits, c.waits, c.pool_allocations
         );
         s
     }

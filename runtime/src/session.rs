@@ -7,13 +7,13 @@ use crate::submission::InFlight;
 use crate::threadpool::{Job, Level, PreparedNode};
 use crate::trace::host_slice;
 use crate::RuntimeError;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use weft_graph::cut::cut;
 use weft_graph::reorder::{schedule, schedule_by, Strategy};
-use weft_graph::{baseline, checker, ByteRange, Label, Node, Schedule};
+use weft_graph::{baseline, checker, BufferId, ByteRange, Label, Node, Schedule};
 use weft_kernels::cpu::{self, HostTensor};
 use weft_ops::{DType, OpError, OpNode, Recorder, Tensor};
 
@@ -25,6 +25,10 @@ pub enum SessionMode {
     /// Levels from the reorder pass (unless the executor's `reorder` is off).
     Recorded,
 }
+
+/// The buffers a CUDA command buffer points into, by id.
+#[cfg(feature = "cuda")]
+type UsedBuffers = Vec<(BufferId, Arc<crate::memory::Storage>)>;
 
 /// Measured time of one node (from `finish_with_timing`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -322,7 +326,8 @@ impl<'e> GraphSession<'e> {
 
     /// The recording and its schedule, without running anything (for dumps).
     pub fn into_schedule(mut self) -> Result<(Vec<Node>, Schedule), RuntimeError> {
-        self.run_fusion();
+        let dead = self.exec.pools.take_ended();
+        self.run_fusion(&dead);
         let s = self.schedule(match self.mode {
             SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
             SessionMode::Recorded => Some(Strategy::RecordedOrder),
@@ -334,26 +339,16 @@ impl<'e> GraphSession<'e> {
 
     /// The schedule of what was recorded under `strategy` (`None`: eager).
     pub fn schedule(&self, strategy: Option<Strategy>) -> Result<Schedule, RuntimeError> {
-        let cuts = cut(&self.nodes, &self.exec.config.cut);
-        let s = match strategy {
-            Some(st) => schedule(&self.nodes, &cuts, st),
-            None => schedule_by(&self.nodes, &cuts, |slice, range| {
-                baseline::recorded_order_levels_fenced(slice, &self.fences[range])
-            }),
-        };
-        if self.exec.config.check_schedules {
-            checker::check(&self.nodes, &s)?;
-        }
-        Ok(s)
+        schedule_nodes(&self.nodes, &self.fences, &self.exec.config, strategy)
     }
 
     /// The fusion pass (recorded sessions, unless switched off): merges
-    /// node pairs the device has fused ops for. Returns nodes removed.
-    fn run_fusion(&mut self) -> usize {
+    /// node pairs the device has fused ops for. Returns the merges.
+    /// `dead`: pool buffers of scopes this session ended.
+    fn run_fusion(&mut self, dead: &HashSet<BufferId>) -> Vec<Vec<crate::fusion::Merge>> {
         if self.mode != SessionMode::Recorded || !self.exec.config.fuse {
-            return 0;
+            return Vec::new();
         }
-        let dead = self.exec.pools.take_ended();
         let exec: &GraphExecutor = self.exec;
         let supports = |n: &OpNode| {
             #[cfg(feature = "cuda")]
@@ -368,7 +363,7 @@ impl<'e> GraphSession<'e> {
             cpu::supports(n).is_ok()
         };
         let check = exec.config.check_schedules;
-        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, &dead, &supports, check)
+        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, dead, &supports, check)
     }
 
     fn end_scopes(&mut self) {
@@ -384,7 +379,12 @@ impl<'e> GraphSession<'e> {
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let timed = timed || self.exec.trace.is_some();
         let submit_start = Instant::now();
-        self.run_fusion();
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = self.exec.cuda.clone() {
+            return self.submit_cuda(&cuda, strategy, timed, submit_start);
+        }
+        let dead = self.exec.pools.take_ended();
+        self.run_fusion(&dead);
         let s = self.schedule(strategy)?;
         let submit_start = (submit_start, Instant::now());
         if self.exec.config.graph_diag {
@@ -392,10 +392,6 @@ impl<'e> GraphSession<'e> {
         }
         let payloads = std::mem::take(&mut self.payloads);
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = self.exec.cuda.clone() {
-            return self.submit_cuda(&cuda, s, &mut payloads, submit_start, timed);
-        }
         #[cfg(all(feature = "metal", target_os = "macos"))]
         if let Some(metal) = self.exec.metal.clone() {
             return self.submit_metal(&metal, s, &mut payloads);
@@ -429,37 +425,194 @@ impl<'e> GraphSession<'e> {
         ))
     }
 
-    /// The CUDA path of `submit`: each command buffer becomes a graph launch.
+    /// The CUDA path of `submit`: each command buffer becomes a graph
+    /// launch. A recording of the structure the last one had reuses its
+    /// plan (fusion, schedule, graphs; see `cuda::plan`).
     #[cfg(feature = "cuda")]
     fn submit_cuda(
         mut self,
         cuda: &Arc<crate::cuda::CudaBackend>,
-        s: Schedule,
-        payloads: &mut [Option<OpNode>],
-        submit_start: (Instant, Instant),
+        strategy: Option<Strategy>,
         timed: bool,
+        submit_start: Instant,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
+        use crate::cuda::plan::{StepPlan, MAX_PLANS};
+        use crate::widen::widen;
+        let dead = self.exec.pools.take_ended();
+        // Timed runs capture other graphs; injected faults need labels.
+        let plannable =
+            !timed && self.mode == SessionMode::Recorded && self.exec.config.fault.is_none();
+        let mut snapshot = None;
+        if plannable {
+            for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
+                widen(n, p);
+            }
+            let found = self.exec.step_plans.iter().position(|plan| {
+                plan.matches(
+                    &cuda.kernels,
+                    self.exec,
+                    &self.nodes,
+                    &self.payloads,
+                    &self.fences,
+                    &dead,
+                    strategy,
+                ) && plan.keys.iter().all(|&k| cuda.has_graph(k))
+            });
+            if let Some(k) = found {
+                let plan = self.exec.step_plans.remove(k);
+                let checked = match self.exec.config.check_schedules {
+                    true => self.check_plan(cuda, &plan, &dead, strategy),
+                    false => Ok(()),
+                };
+                let done = checked.and_then(|()| self.replay_plan(cuda, &plan));
+                let schedule = plan.schedule.clone();
+                self.exec.step_plans.insert(0, plan);
+                return done.map(|inflight| (inflight, schedule));
+            }
+            snapshot = Some((
+                self.nodes.clone(),
+                self.payloads.clone(),
+                self.fences.clone(),
+            ));
+        }
+        let merges = self.run_fusion(&dead);
+        if plannable {
+            // Fused cache writes declare their whole destination too.
+            for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
+                widen(n, p);
+            }
+        }
+        let s = self.schedule(strategy)?;
+        let submit_start = (submit_start, Instant::now());
+        if self.exec.config.graph_diag {
+            print_diag(&s);
+        }
+        let payloads = std::mem::take(&mut self.payloads);
+        let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         let mut works = Vec::with_capacity(s.command_buffers.len());
+        let mut keys = Vec::with_capacity(s.command_buffers.len());
+        let mut keep_alive = Vec::with_capacity(s.command_buffers.len());
+        let mut buffers = BTreeMap::new();
         for cb in &s.command_buffers {
-            let mut prepared = self.prepare_cuda(cb, payloads)?;
+            let (mut prepared, used) = self.prepare_cuda(cb, &mut payloads)?;
             prepared.timed = timed;
-            works.push(cuda.submit(prepared));
-            crate::counters::LiveCounters::add(
-                &self.exec.counters.dispatches,
-                cb.nodes.len() as u64,
-            );
-            crate::counters::LiveCounters::add(
-                &self.exec.counters.barriers,
-                cb.level_count().saturating_sub(1) as u64,
+            keep_alive.push(prepared.keep_alive.clone());
+            buffers.extend(used);
+            let (work, key) = cuda.submit(prepared);
+            works.push(work);
+            keys.push(key);
+            self.count_command_buffer(cb);
+        }
+        let keys: Option<Vec<u64>> = keys.into_iter().collect();
+        if let (Some((nodes, payloads, fences)), Some(keys)) = (snapshot, keys) {
+            self.exec.step_plans.truncate(MAX_PLANS - 1);
+            self.exec.step_plans.insert(
+                0,
+                StepPlan {
+                    nodes,
+                    payloads,
+                    fences,
+                    dead,
+                    config: self.exec.config.clone(),
+                    strategy,
+                    merges,
+                    schedule: s.clone(),
+                    keys,
+                    keep_alive,
+                    buffers: buffers.into_iter().collect(),
+                },
             );
         }
+        Ok((self.finish_cuda(works, &s, Some(submit_start)), s))
+    }
+
+    /// Replays a plan's graphs with this recording's step values.
+    #[cfg(feature = "cuda")]
+    fn replay_plan(
+        &mut self,
+        cuda: &Arc<crate::cuda::CudaBackend>,
+        plan: &crate::cuda::plan::StepPlan,
+    ) -> Result<InFlight, RuntimeError> {
+        let payloads = std::mem::take(&mut self.payloads);
+        let payloads = crate::fusion::replay(payloads, &plan.merges).ok_or_else(|| {
+            RuntimeError::Usage("a step plan's fusion does not apply to an equal recording".into())
+        })?;
+        if self.exec.config.graph_diag {
+            print_diag(&plan.schedule);
+        }
+        let mut works = Vec::with_capacity(plan.keys.len());
+        let mut values = Vec::new();
+        for (k, cb) in plan.schedule.command_buffers.iter().enumerate() {
+            values.clear();
+            let mut writes = Vec::new();
+            for (at, &i) in cb.order.iter().enumerate() {
+                let node = &payloads[i];
+                values.extend(cuda.kernels.step_scalars(node));
+                if let weft_ops::Op::Write { data } = &node.op {
+                    writes.push((at, &data[..]));
+                }
+            }
+            let work = cuda
+                .replay(plan.keys[k], &values, &writes, plan.keep_alive[k].clone())
+                .ok_or_else(|| RuntimeError::Usage("a step plan's graph was dropped".into()))?;
+            works.push(work);
+            self.count_command_buffer(cb);
+        }
+        crate::counters::LiveCounters::add(&self.exec.counters.planned_commits, 1);
+        Ok(self.finish_cuda(works, &plan.schedule, None))
+    }
+
+    /// Checking mode (tests, debug builds): the plan must be exactly what
+    /// fusion and the reorder pass make of this recording.
+    #[cfg(feature = "cuda")]
+    fn check_plan(
+        &self,
+        cuda: &Arc<crate::cuda::CudaBackend>,
+        plan: &crate::cuda::plan::StepPlan,
+        dead: &HashSet<BufferId>,
+        strategy: Option<Strategy>,
+    ) -> Result<(), RuntimeError> {
+        let (mut nodes, mut payloads) = (self.nodes.clone(), self.payloads.clone());
+        let supports = |n: &OpNode| cuda.kernels.supports(n).is_ok();
+        let merges = if self.exec.config.fuse {
+            crate::fusion::fuse(&mut nodes, &mut payloads, dead, &supports, true)
+        } else {
+            Vec::new()
+        };
+        for (n, p) in nodes.iter_mut().zip(&payloads) {
+            crate::widen::widen(n, p);
+        }
+        let fresh = schedule_nodes(&nodes, &self.fences, &self.exec.config, strategy)?;
+        if merges != plan.merges || fresh != plan.schedule {
+            return Err(RuntimeError::Usage(
+                "a reused step plan differs from a fresh fusion and schedule of the step".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn count_command_buffer(&self, cb: &weft_graph::CommandBufferSchedule) {
+        let c = &self.exec.counters;
+        crate::counters::LiveCounters::add(&c.dispatches, cb.nodes.len() as u64);
+        crate::counters::LiveCounters::add(&c.barriers, cb.level_count().saturating_sub(1) as u64);
+    }
+
+    /// Counters, pool scopes and the trace after a CUDA submission.
+    #[cfg(feature = "cuda")]
+    fn finish_cuda(
+        &mut self,
+        works: Vec<Arc<crate::cuda::CudaWork>>,
+        s: &Schedule,
+        submit_start: Option<(Instant, Instant)>,
+    ) -> InFlight {
         let counters = Arc::clone(&self.exec.counters);
         crate::counters::LiveCounters::add(&counters.commits, 1);
         crate::counters::LiveCounters::add(&counters.command_buffers, works.len() as u64);
         self.end_scopes();
-        // The host track (record, schedule + submit, drain); the device's
-        // streams come from the timed works when the trace is taken.
-        let trace = self.note_trace(&[], &s, submit_start);
+        // The host track (record, fuse + schedule, submit, drain); the
+        // device's streams come from the timed works when the trace is taken.
+        let trace = submit_start.and_then(|at| self.note_trace(&[], s, at));
         if let Some(state) = self.exec.trace.as_mut() {
             let first = state.next_cb;
             for (k, w) in works.iter().enumerate() {
@@ -467,15 +620,14 @@ impl<'e> GraphSession<'e> {
             }
             state.next_cb += works.len() as u64;
         }
-        let inflight = InFlight {
+        InFlight {
             jobs: Vec::new(),
             cuda: works,
             #[cfg(all(feature = "metal", target_os = "macos"))]
             metal: Vec::new(),
             counters,
             trace,
-        };
-        Ok((inflight, s))
+        }
     }
 
     /// The Metal path of `submit`: each command buffer becomes one Metal
@@ -525,7 +677,7 @@ impl<'e> GraphSession<'e> {
         &mut self,
         cb: &weft_graph::CommandBufferSchedule,
         payloads: &mut [Option<OpNode>],
-    ) -> Result<crate::cuda::CudaCommandBuffer, RuntimeError> {
+    ) -> Result<(crate::cuda::CudaCommandBuffer, UsedBuffers), RuntimeError> {
         use weft_kernels::cuda::DeviceTensor;
         let mut keep = BTreeMap::new();
         let mut nodes = Vec::with_capacity(cb.order.len());
@@ -587,12 +739,14 @@ impl<'e> GraphSession<'e> {
         let levels = (0..cb.level_count())
             .map(|l| cb.level_starts[l]..cb.level_starts[l + 1])
             .collect();
-        Ok(crate::cuda::CudaCommandBuffer {
+        let used: Vec<_> = keep.into_iter().collect();
+        let cb = crate::cuda::CudaCommandBuffer {
             nodes,
             levels,
-            keep_alive: keep.into_values().collect(),
+            keep_alive: used.iter().map(|(_, s)| Arc::clone(s)).collect(),
             timed: false,
-        })
+        };
+        Ok((cb, used))
     }
 
     /// While tracing: host slices for recording and submission, and the
@@ -766,6 +920,27 @@ fn collect_timings(jobs: &[Arc<Job>]) -> Vec<NodeTiming> {
         }
     }
     out
+}
+
+/// The schedule of `nodes` under `strategy` (`None`: recorded order with
+/// `fences`), checked when the configuration says so.
+fn schedule_nodes(
+    nodes: &[Node],
+    fences: &[bool],
+    config: &crate::config::ExecutorConfig,
+    strategy: Option<Strategy>,
+) -> Result<Schedule, RuntimeError> {
+    let cuts = cut(nodes, &config.cut);
+    let s = match strategy {
+        Some(st) => schedule(nodes, &cuts, st),
+        None => schedule_by(nodes, &cuts, |slice, range| {
+            baseline::recorded_order_levels_fenced(slice, &fences[range])
+        }),
+    };
+    if config.check_schedules {
+        checker::check(nodes, &s)?;
+    }
+    Ok(s)
 }
 
 /// `WEFT_GRAPH_DIAG=1`: one line per command buffer.

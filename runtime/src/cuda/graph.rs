@@ -204,33 +204,88 @@ impl CudaBackend {
     /// Runs `cb`: replays its graph when one with the same structure was
     /// captured; captures one when the structure comes a second time;
     /// launches eagerly otherwise (and always with `WEFT_CUDA_GRAPHS=0`).
-    pub(crate) fn submit(&self, cb: CudaCommandBuffer) -> Arc<CudaWork> {
+    /// Also returns the structure's key when a graph of it is cached now
+    /// (a later step of the same structure can [`replay`](Self::replay) it).
+    pub(crate) fn submit(&self, cb: CudaCommandBuffer) -> (Arc<CudaWork>, Option<u64>) {
         if let Some(n) = cb.nodes.iter().find(|n| n.fail) {
             let e = RuntimeError::Execution {
                 op: n.node.op.name(),
                 label: n.label.clone(),
                 message: "injected fault".into(),
             };
-            return Arc::new(CudaWork::failed(e, cb.keep_alive));
+            return (Arc::new(CudaWork::failed(e, cb.keep_alive)), None);
         }
-        match self.run(&cb) {
-            Ok((done, graph, slot)) => Arc::new(CudaWork {
+        let key = signature(&self.kernels, &cb);
+        match self.run(&cb, key) {
+            Ok((done, graph, slot)) => {
+                let work = Arc::new(CudaWork {
+                    done: Some(done),
+                    error: Mutex::new(None),
+                    timing: slot.map(|slot| (timed_nodes(&cb), slot)),
+                    _keep_alive: cb.keep_alive,
+                    _graph: graph,
+                });
+                (work, self.has_graph(key).then_some(key))
+            }
+            Err(e) => (Arc::new(CudaWork::failed(e, cb.keep_alive)), None),
+        }
+    }
+
+    /// Is a captured graph of structure `key` cached?
+    pub(crate) fn has_graph(&self, key: u64) -> bool {
+        self.graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&key)
+    }
+
+    /// Replays the captured graph of structure `key` with this step's
+    /// values: `values` are the step scalars of its nodes in order, `writes`
+    /// the host bytes of its `Write` nodes (by position in the command
+    /// buffer). `None` when no such graph is cached (any more).
+    pub(crate) fn replay(
+        &self,
+        key: u64,
+        values: &[u32],
+        writes: &[(usize, &[u8])],
+        keep_alive: Vec<Arc<Storage>>,
+    ) -> Option<Arc<CudaWork>> {
+        let graph = self
+            .graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()?;
+        let run = || -> Result<CudaEvent, RuntimeError> {
+            self.load_values(&graph, values, writes)?;
+            let g = graph.graph.lock().unwrap_or_else(|p| p.into_inner());
+            let g = g.as_ref().ok_or_else(|| {
+                RuntimeError::Usage("a cached CUDA graph was never captured".into())
+            })?;
+            g.launch().map_err(driver)?;
+            self.stats.replays.fetch_add(1, Ordering::Relaxed);
+            *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(self.main.record_event(None).map_err(driver)?);
+            self.main.record_event(None).map_err(driver)
+        };
+        Some(match run() {
+            Ok(done) => Arc::new(CudaWork {
                 done: Some(done),
                 error: Mutex::new(None),
-                timing: slot.map(|slot| (timed_nodes(&cb), slot)),
-                _keep_alive: cb.keep_alive,
-                _graph: graph,
+                timing: None,
+                _keep_alive: keep_alive,
+                _graph: Some(graph),
             }),
-            Err(e) => Arc::new(CudaWork::failed(e, cb.keep_alive)),
-        }
+            Err(e) => Arc::new(CudaWork::failed(e, keep_alive)),
+        })
     }
 
     #[allow(clippy::type_complexity)]
     fn run(
         &self,
         cb: &CudaCommandBuffer,
+        key: u64,
     ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>, Option<TimeSlot>), RuntimeError> {
-        let key = signature(&self.kernels, cb);
         let cached = self
             .graphs
             .lock()
@@ -384,24 +439,55 @@ impl CudaBackend {
         g: &CachedGraph,
         cb: &CudaCommandBuffer,
     ) -> Result<(), RuntimeError> {
+        let mut values = Vec::with_capacity(g.step_len);
+        let mut writes = Vec::new();
+        for (i, n) in cb.nodes.iter().enumerate() {
+            values.extend(self.kernels.step_scalars(&n.node));
+            if let Op::Write { data } = &n.node.op {
+                writes.push((i, &data[..]));
+            }
+        }
+        self.load_values(g, &values, &writes)
+    }
+
+    /// Writes step scalars and host bytes (by node position) into the
+    /// graph's memory, once its previous replay is done with them.
+    fn load_values(
+        &self,
+        g: &CachedGraph,
+        values: &[u32],
+        writes: &[(usize, &[u8])],
+    ) -> Result<(), RuntimeError> {
         if let Some(prev) = g.last.lock().unwrap_or_else(|p| p.into_inner()).take() {
             prev.synchronize().map_err(driver)?;
         }
-        let mut values = Vec::with_capacity(g.step_len);
-        for n in &cb.nodes {
-            values.extend(self.kernels.step_scalars(&n.node));
+        if values.len() != g.step_len {
+            return Err(RuntimeError::Usage(format!(
+                "a CUDA graph takes {} step values, got {}",
+                g.step_len,
+                values.len()
+            )));
         }
         if !values.is_empty() {
             // SAFETY: the step buffer holds step_len u32s; the copy is ordered
             // before the launch on the same stream (pageable source: staged now).
-            unsafe { result::memcpy_htod_async(g.step.ptr, &values, self.main.cu_stream()) }
+            unsafe { result::memcpy_htod_async(g.step.ptr, values, self.main.cu_stream()) }
                 .map_err(driver)?;
         }
         let mut staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = staging.as_mut_slice().map_err(driver)?;
-        for (n, at) in cb.nodes.iter().zip(&g.write_offsets) {
-            if let (Op::Write { data }, Some(at)) = (&n.node.op, at) {
-                bytes[*at..*at + data.len()].copy_from_slice(data);
+        // Writes have the sizes the graph was built with (same structure).
+        for &(i, data) in writes {
+            match g.write_offsets.get(i).copied().flatten() {
+                Some(at) if at + data.len() <= bytes.len() => {
+                    bytes[at..at + data.len()].copy_from_slice(data)
+                }
+                _ => {
+                    return Err(RuntimeError::Usage(format!(
+                        "host write {i} of {} bytes does not fit the graph's staging",
+                        data.len()
+                    )))
+                }
             }
         }
         Ok(())
