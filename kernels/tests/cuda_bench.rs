@@ -370,8 +370,13 @@ fn kernel_timings_at_smollm2_shapes() {
             // The same with the f64 sum done by one lane, in order.
             std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "sequential");
             let (graph, eager) = time_case(g, case);
-            std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
             let name = "  same, sequential f64 sum";
+            println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
+            // And with a tree sum (not bit-exact by construction).
+            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "tree");
+            let (graph, eager) = time_case(g, case);
+            std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
+            let name = "  same, tree f64 sum";
             println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
         }
     }

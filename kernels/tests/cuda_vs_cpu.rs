@@ -274,6 +274,52 @@ fn norms_bit_exact() {
     std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
 }
 
+/// `WEFT_CUDA_F64_SUM=tree`: the f64 sums in another order. Rows stay
+/// within 2 units in the last place of the CPU's (the f32 mean or scale
+/// rounds the same almost always); the fused norm+quantize too.
+#[test]
+fn norms_with_tree_sums_within_tolerance() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(29);
+    std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "tree");
+    let (mut worst, mut differ, mut total) = (0f64, 0usize, 0usize);
+    for (rows, cols) in [(1, 576), (7, 576), (3, 2048), (2, 50)] {
+        let mut mem = HostMemory::default();
+        let x = mem
+            .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
+            .unwrap();
+        let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+        for n in [
+            node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]),
+            node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]),
+        ] {
+            let want = run_cpu(&n, &mem);
+            let got = run_gpu(g, &n, &mem);
+            let (a, b): (Vec<f32>, Vec<f32>) = (
+                bytemuck::pod_collect_to_vec(&got[0]),
+                bytemuck::pod_collect_to_vec(&want[0]),
+            );
+            for (p, q) in a.iter().zip(&b) {
+                total += 1;
+                if p.to_bits() != q.to_bits() {
+                    differ += 1;
+                    let ulps = (p.to_bits() as i64 - q.to_bits() as i64).unsigned_abs();
+                    worst = worst.max(ulps as f64);
+                }
+            }
+        }
+    }
+    std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
+    println!(
+        "tree f64 sums: {differ} of {total} values differ from the CPU's, by at most {worst} ulp"
+    );
+    assert!(
+        g.is_none() || worst <= 2.0,
+        "tree sums moved a value by {worst} ulp"
+    );
+}
+
 #[test]
 fn exact_sequential_sum_matches_the_cpu_loop() {
     let Some(g) = gpu() else { return };

@@ -361,9 +361,31 @@ DEV double seq_sum_plain(Term term, int n) {
     return __shfl_sync(FULL_MASK, s, 0);
 }
 
-// `method` 0: the exact parallel scheme, 1: lane 0 in order.
+// A plain tree sum over the warp (lanes stride the row, then a butterfly,
+// which gives every lane the same value). Not the CPU's order, so not
+// bit-exact by construction: the f64 sum differs by a few units in its last
+// place, which the f32 rounding of a mean or scale almost always hides.
+template <class Term>
+DEV double tree_sum(Term term, int n) {
+    const int lane = threadIdx.x & 31;
+    double s0 = 0.0, s1 = 0.0;
+    int i = lane;
+    for (; i + 32 < n; i += 64) {
+        s0 += term(i);
+        s1 += term(i + 32);
+    }
+    if (i < n) s0 += term(i);
+    double s = s0 + s1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    return s;
+}
+
+// `method` 0: the exact parallel scheme, 1: lane 0 in order, 2: a tree sum
+// (fast, not bit-exact by construction).
 template <class Term>
 DEV double seq_sum(Term term, int n, SeqSumScratch* sc, int method) {
+    if (method == 2) return tree_sum(term, n);
     return method == 1 ? seq_sum_plain(term, n) : seq_sum_nonneg(term, n, sc);
 }
 
