@@ -272,11 +272,10 @@ fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
         "{steps} decode steps: {} planned commits",
         c.planned_commits
     );
-    // Consecutive steps alternate between two structures (the pools hand
-    // them different upload buffers); each runs eagerly once and is
-    // captured once, then every step reuses a plan.
+    // The first step runs eagerly, the second is captured (and planned),
+    // every later one reuses the plan.
     assert!(
-        c.planned_commits >= steps as u64 - 4,
+        c.planned_commits >= steps as u64 - 2,
         "only {} of {steps} steps reused the plan",
         c.planned_commits
     );

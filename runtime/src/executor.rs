@@ -231,6 +231,11 @@ impl GraphExecutor {
         if let Some(slot) = self.buffers.get_mut(id.0 as usize) {
             *slot = None;
         }
+        // A step plan pointing into the buffer could never match again, and
+        // it would keep the memory alive.
+        #[cfg(feature = "cuda")]
+        self.step_plans
+            .retain(|p| !p.buffers.iter().any(|(b, _)| *b == id));
     }
 
     pub(crate) fn entry(&self, id: BufferId) -> Result<&BufferEntry, RuntimeError> {

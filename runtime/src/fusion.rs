@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 use weft_graph::{BufferId, ByteRange, Node};
-use weft_ops::OpNode;
+use weft_ops::{Op, OpNode};
 
 /// One merge of the pass: node `first` into its reader `second` (indices
 /// in the recording as it was at that round), keeping the intermediate or not.
@@ -29,12 +29,15 @@ pub(crate) struct Merge {
 /// rules are its parts', which were validated when recorded, so this
 /// checks the pass itself; on in debug builds and tests, like the
 /// schedule checker).
+/// `widen`: give fused nodes position-independent ranges
+/// ([`crate::widen::widen`]), as the caller gave the recorded ones.
 pub(crate) fn fuse(
     nodes: &mut Vec<Node>,
     payloads: &mut Vec<OpNode>,
     dead: &HashSet<BufferId>,
     supports: &dyn Fn(&OpNode) -> bool,
     check: bool,
+    widen: bool,
 ) -> Vec<Vec<Merge>> {
     let mut rounds = Vec::new();
     loop {
@@ -42,12 +45,18 @@ pub(crate) fn fuse(
         if pairs.is_empty() {
             return rounds;
         }
+        // A node merged in this round (removed, or replaced by a fused
+        // node) takes no other pair until the next round: pairs were
+        // found on the payloads as they were before the round.
+        let mut touched = vec![false; nodes.len()];
         let mut gone = vec![false; nodes.len()];
         let mut round = Vec::new();
         for (i, j, keep, fused) in pairs {
-            if gone[i] || gone[j] {
+            if touched[i] || touched[j] {
                 continue;
             }
+            touched[i] = true;
+            touched[j] = true;
             round.push(Merge {
                 first: i,
                 second: j,
@@ -62,6 +71,9 @@ pub(crate) fn fuse(
                 reads,
                 writes,
             };
+            if widen {
+                crate::widen::widen(&mut nodes[j], &fused);
+            }
             payloads[j] = fused;
             gone[i] = true;
         }
@@ -146,8 +158,12 @@ fn readers(nodes: &[Node], payloads: &[OpNode]) -> Vec<Vec<usize>> {
                 last.resize_with(b + 1, Vec::new);
             }
             let list = &mut last[b];
-            // Writes fully covered by this one are no longer anyone's data.
-            list.retain(|(old, _)| !(w.start <= old.start && old.end <= w.end));
+            // Writes fully covered by this one are no longer anyone's data
+            // (a cache write's range may be widened beyond the rows it
+            // writes, so it retires nothing).
+            if !matches!(payloads[k].op, Op::SetRows { .. } | Op::RopeSetRows { .. }) {
+                list.retain(|(old, _)| !(w.start <= old.start && old.end <= w.end));
+            }
             if weft_ops::fused::starts_pair(&payloads[k].op) {
                 list.push((*w, k));
             }
@@ -170,7 +186,7 @@ fn movable(nodes: &[Node], i: usize, j: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weft_ops::{DType, Op, Shape, Tensor};
+    use weft_ops::{DType, Shape, Tensor};
 
     fn t(buffer: u32, dtype: DType, dims: &[usize]) -> Tensor {
         Tensor::new(BufferId(buffer), 0, dtype, Shape::new(dims)).unwrap()
@@ -200,7 +216,7 @@ mod tests {
             .collect();
         let mut fused = payloads.clone();
         let dead: HashSet<BufferId> = [BufferId(3)].into();
-        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true);
+        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, false);
         assert_eq!(rounds.len(), 2);
         assert_eq!(fused.len(), 1);
         assert!(matches!(fused[0].op, Op::AddRmsNormQuantize { .. }));

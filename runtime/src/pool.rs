@@ -129,7 +129,10 @@ impl Pools {
                 return Some(kind);
             }
         }
-        for (id, bytes) in list {
+        // Pushed in reverse, so the next scope's requests get the buffers
+        // in the order this one got them: a repeated step records the same
+        // tensors (and can reuse its plan) instead of alternating.
+        for (id, bytes) in list.into_iter().rev() {
             self.stats.in_use -= bytes;
             self.free.entry(bytes).or_default().push(id);
             if explicit {

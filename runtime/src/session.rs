@@ -327,7 +327,7 @@ impl<'e> GraphSession<'e> {
     /// The recording and its schedule, without running anything (for dumps).
     pub fn into_schedule(mut self) -> Result<(Vec<Node>, Schedule), RuntimeError> {
         let dead = self.exec.pools.take_ended();
-        self.run_fusion(&dead);
+        self.run_fusion(&dead, false);
         let s = self.schedule(match self.mode {
             SessionMode::Recorded if self.exec.config.reorder => Some(Strategy::Reorder),
             SessionMode::Recorded => Some(Strategy::RecordedOrder),
@@ -345,7 +345,13 @@ impl<'e> GraphSession<'e> {
     /// The fusion pass (recorded sessions, unless switched off): merges
     /// node pairs the device has fused ops for. Returns the merges.
     /// `dead`: pool buffers of scopes this session ended.
-    fn run_fusion(&mut self, dead: &HashSet<BufferId>) -> Vec<Vec<crate::fusion::Merge>> {
+    /// `widen`: the recording's ranges were widened (CUDA); fused nodes get
+    /// widened ranges too.
+    fn run_fusion(
+        &mut self,
+        dead: &HashSet<BufferId>,
+        widen: bool,
+    ) -> Vec<Vec<crate::fusion::Merge>> {
         if self.mode != SessionMode::Recorded || !self.exec.config.fuse {
             return Vec::new();
         }
@@ -363,7 +369,14 @@ impl<'e> GraphSession<'e> {
             cpu::supports(n).is_ok()
         };
         let check = exec.config.check_schedules;
-        crate::fusion::fuse(&mut self.nodes, &mut self.payloads, dead, &supports, check)
+        crate::fusion::fuse(
+            &mut self.nodes,
+            &mut self.payloads,
+            dead,
+            &supports,
+            check,
+            widen,
+        )
     }
 
     fn end_scopes(&mut self) {
@@ -384,7 +397,7 @@ impl<'e> GraphSession<'e> {
             return self.submit_cuda(&cuda, strategy, timed, submit_start);
         }
         let dead = self.exec.pools.take_ended();
-        self.run_fusion(&dead);
+        self.run_fusion(&dead, false);
         let s = self.schedule(strategy)?;
         let submit_start = (submit_start, Instant::now());
         if self.exec.config.graph_diag {
@@ -439,14 +452,18 @@ impl<'e> GraphSession<'e> {
         use crate::cuda::plan::{StepPlan, MAX_PLANS};
         use crate::widen::widen;
         let dead = self.exec.pools.take_ended();
-        // Timed runs capture other graphs; injected faults need labels.
-        let plannable =
-            !timed && self.mode == SessionMode::Recorded && self.exec.config.fault.is_none();
-        let mut snapshot = None;
-        if plannable {
+        // CUDA schedules of recorded sessions use position-independent
+        // ranges, so timed, traced and planned runs share one schedule.
+        let widened = self.mode == SessionMode::Recorded;
+        if widened {
             for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
                 widen(n, p);
             }
+        }
+        // Timed runs capture other graphs; injected faults need labels.
+        let plannable = !timed && widened && self.exec.config.fault.is_none();
+        let mut snapshot = None;
+        if plannable {
             let found = self.exec.step_plans.iter().position(|plan| {
                 plan.matches(
                     &cuda.kernels,
@@ -464,10 +481,12 @@ impl<'e> GraphSession<'e> {
                     true => self.check_plan(cuda, &plan, &dead, strategy),
                     false => Ok(()),
                 };
-                let done = checked.and_then(|()| self.replay_plan(cuda, &plan));
+                // A plan that failed is dropped: the structure's next step
+                // takes the normal path.
+                let inflight = checked.and_then(|()| self.replay_plan(cuda, &plan))?;
                 let schedule = plan.schedule.clone();
                 self.exec.step_plans.insert(0, plan);
-                return done.map(|inflight| (inflight, schedule));
+                return Ok((inflight, schedule));
             }
             snapshot = Some((
                 self.nodes.clone(),
@@ -475,13 +494,7 @@ impl<'e> GraphSession<'e> {
                 self.fences.clone(),
             ));
         }
-        let merges = self.run_fusion(&dead);
-        if plannable {
-            // Fused cache writes declare their whole destination too.
-            for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
-                widen(n, p);
-            }
-        }
+        let merges = self.run_fusion(&dead, widened);
         let s = self.schedule(strategy)?;
         let submit_start = (submit_start, Instant::now());
         if self.exec.config.graph_diag {
@@ -563,10 +576,12 @@ impl<'e> GraphSession<'e> {
     }
 
     /// Checking mode (tests, debug builds): the plan must be exactly what
-    /// fusion and the reorder pass make of this recording.
+    /// fusion, the reorder pass and graph preparation make of this
+    /// recording: the same merges and schedule, the merges' replay equal to
+    /// a fresh fusion, and the same graph per command buffer.
     #[cfg(feature = "cuda")]
     fn check_plan(
-        &self,
+        &mut self,
         cuda: &Arc<crate::cuda::CudaBackend>,
         plan: &crate::cuda::plan::StepPlan,
         dead: &HashSet<BufferId>,
@@ -575,18 +590,43 @@ impl<'e> GraphSession<'e> {
         let (mut nodes, mut payloads) = (self.nodes.clone(), self.payloads.clone());
         let supports = |n: &OpNode| cuda.kernels.supports(n).is_ok();
         let merges = if self.exec.config.fuse {
-            crate::fusion::fuse(&mut nodes, &mut payloads, dead, &supports, true)
+            crate::fusion::fuse(&mut nodes, &mut payloads, dead, &supports, true, true)
         } else {
             Vec::new()
         };
-        for (n, p) in nodes.iter_mut().zip(&payloads) {
-            crate::widen::widen(n, p);
-        }
         let fresh = schedule_nodes(&nodes, &self.fences, &self.exec.config, strategy)?;
+        let differs = |what: &str| {
+            RuntimeError::Usage(format!(
+                "a reused step plan differs from a fresh {what} of the step"
+            ))
+        };
         if merges != plan.merges || fresh != plan.schedule {
-            return Err(RuntimeError::Usage(
-                "a reused step plan differs from a fresh fusion and schedule of the step".into(),
-            ));
+            return Err(differs("fusion and schedule"));
+        }
+        if crate::fusion::replay(self.payloads.clone(), &plan.merges).as_ref() != Some(&payloads) {
+            return Err(differs("fusion (replayed merges)"));
+        }
+        // The graphs: prepare the fresh command buffers (labels from the
+        // fresh nodes) and compare their keys.
+        let recorded = std::mem::replace(&mut self.nodes, nodes);
+        let mut fresh_payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
+        let mut keys = Vec::with_capacity(fresh.command_buffers.len());
+        let mut failed = None;
+        for cb in &fresh.command_buffers {
+            match self.prepare_cuda(cb, &mut fresh_payloads) {
+                Ok((prepared, _)) => keys.push(cuda.key_of(&prepared)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        self.nodes = recorded;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if keys != plan.keys {
+            return Err(differs("graph preparation"));
         }
         Ok(())
     }

@@ -70,7 +70,8 @@ pub(crate) struct CachedGraph {
     step_offsets: Vec<usize>,
     step_len: usize,
     staging: Mutex<PinnedHostSlice<u8>>,
-    write_offsets: Vec<Option<usize>>,
+    /// Per node: where its host write is staged, and its size.
+    write_offsets: Vec<Option<(usize, usize)>>,
     _scratch: DeviceBuffer,
     /// Completion of the previous replay (staging may be rewritten after it).
     last: Mutex<Option<CudaEvent>>,
@@ -231,12 +232,18 @@ impl CudaBackend {
         }
     }
 
-    /// Is a captured graph of structure `key` cached?
+    /// The structure key of a command buffer (what its graph depends on).
+    pub(crate) fn key_of(&self, cb: &CudaCommandBuffer) -> u64 {
+        signature(&self.kernels, cb)
+    }
+
+    /// Is a captured graph of structure `key` cached (and was its capture
+    /// complete)?
     pub(crate) fn has_graph(&self, key: u64) -> bool {
-        self.graphs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&key)
+        let graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+        graphs
+            .get(&key)
+            .is_some_and(|g| g.graph.lock().unwrap_or_else(|p| p.into_inner()).is_some())
     }
 
     /// Replays the captured graph of structure `key` with this step's
@@ -371,7 +378,7 @@ impl CudaBackend {
                 Op::Write { data } => {
                     let at = staging_len;
                     staging_len += data.len().next_multiple_of(64);
-                    Some(at)
+                    Some((at, data.len()))
                 }
                 _ => None,
             });
@@ -476,15 +483,14 @@ impl CudaBackend {
         }
         let mut staging = g.staging.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = staging.as_mut_slice().map_err(driver)?;
-        // Writes have the sizes the graph was built with (same structure).
         for &(i, data) in writes {
             match g.write_offsets.get(i).copied().flatten() {
-                Some(at) if at + data.len() <= bytes.len() => {
-                    bytes[at..at + data.len()].copy_from_slice(data)
+                Some((at, len)) if len == data.len() && at + len <= bytes.len() => {
+                    bytes[at..at + len].copy_from_slice(data)
                 }
                 _ => {
                     return Err(RuntimeError::Usage(format!(
-                        "host write {i} of {} bytes does not fit the graph's staging",
+                        "host write {i} of {} bytes does not match the graph's staging",
                         data.len()
                     )))
                 }
@@ -535,7 +541,7 @@ impl CudaBackend {
                 self.launch_node(
                     stream,
                     n,
-                    g.write_offsets[i].map(|at| &host[at..]),
+                    g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
                     node_scratch,
                     step,
                 )?;
