@@ -376,6 +376,18 @@ impl GraphExecutor {
         None
     }
 
+    /// Time the GPU spent on the command buffers waited for so far (from
+    /// an event before and after each launch), `None` on the CPU: set
+    /// against wall time, it splits a step into device and host time.
+    pub fn device_busy(&self) -> Option<std::time::Duration> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let ns = cuda.busy_ns.load(std::sync::atomic::Ordering::Relaxed);
+            return Some(std::time::Duration::from_nanos(ns));
+        }
+        None
+    }
+
     /// The device's name (the GPU's marketing name on CUDA).
     pub fn device_name(&self) -> String {
         #[cfg(feature = "cuda")]

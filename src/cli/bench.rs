@@ -49,6 +49,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let reps = a.reps.max(1);
     let diag = a.diag.start(&mut exec)?;
     let mut tg_graphs = None;
+    // (device busy, wall) seconds of each measured decode run (GPU only).
+    let mut tg_busy: Vec<(f64, f64)> = Vec::new();
     let (mut pp_tps, mut tg_tps) = (Vec::new(), Vec::new());
     let (mut pp_counters, mut tg_counters) = (None, None);
     // One warm-up of each, then the measured repetitions.
@@ -69,6 +71,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             cache.reset();
             let before = exec.counters();
             let graphs_before = exec.graph_stats();
+            let busy_before = exec.device_busy();
             let t = Instant::now();
             for _ in 0..a.tg {
                 let tok = rng.below(vocab) as u32;
@@ -80,6 +83,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 tg_counters = Some(exec.counters() - before);
                 if let (Some(b), Some(now)) = (graphs_before, exec.graph_stats()) {
                     tg_graphs = Some((now.0 - b.0, now.1 - b.1, now.2 - b.2));
+                }
+                if let (Some(b), Some(now)) = (busy_before, exec.device_busy()) {
+                    tg_busy.push(((now - b).as_secs_f64(), secs));
                 }
             }
         }
@@ -97,6 +103,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let tg_per = per(tg_counters, a.tg);
     let pp_per = per(pp_counters, a.pp);
     let (pp, tg) = (median(&mut pp_tps), median(&mut tg_tps));
+    // Device and wall time per decode token, over all measured runs.
+    let split = (!tg_busy.is_empty()).then(|| {
+        let n = (tg_busy.len() * a.tg.max(1) as usize) as f64;
+        let (busy, wall) = tg_busy
+            .iter()
+            .fold((0.0, 0.0), |(b, w), (x, y)| (b + x, w + y));
+        (busy * 1e3 / n, wall * 1e3 / n)
+    });
     if a.json {
         let v = serde_json::json!({
             "model": model.name,
@@ -106,6 +120,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "graph_replays_per_token": tg_graphs.map(|g| g.1 as f64 / a.tg.max(1) as f64),
             "eager_command_buffers_per_token": tg_graphs.map(|g| g.2 as f64 / a.tg.max(1) as f64),
             "planned_steps_per_token": tg_counters.map(|c| c.planned_commits as f64 / a.tg.max(1) as f64),
+            "tg_device_ms_per_token": split.map(|s| s.0),
+            "tg_wall_ms_per_token": split.map(|s| s.1),
             "threads": exec.threads(),
             "reorder": exec.config().reorder,
             "pp_tokens": a.pp,
@@ -139,6 +155,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.tg > 0 {
             if let Some((b, cb, n)) = tg_per {
                 println!("tg{}: {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg);
+            }
+            if let Some((busy, wall)) = split {
+                println!(
+                    "per decode token: device busy {busy:.3} ms of {wall:.3} ms ({:.0} %); the rest is host work",
+                    100.0 * busy / wall
+                );
             }
         }
     }

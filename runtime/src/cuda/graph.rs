@@ -7,7 +7,7 @@ use crate::RuntimeError;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use weft_kernels::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
@@ -89,6 +89,11 @@ unsafe impl Sync for CachedGraph {}
 /// Submitted device work.
 pub(crate) struct CudaWork {
     done: Option<CudaEvent>,
+    /// Recorded before the launch: with `done`, the command buffer's span
+    /// on the device, added to `busy` (nanoseconds) once waited for.
+    start: Option<CudaEvent>,
+    busy: Option<Arc<AtomicU64>>,
+    busy_taken: Mutex<bool>,
     error: Mutex<Option<RuntimeError>>,
     _keep_alive: Vec<Arc<Storage>>,
     _graph: Option<Arc<CachedGraph>>,
@@ -113,8 +118,24 @@ impl CudaWork {
                 label: "command buffer".into(),
                 message: format!("{e:?}"),
             })?;
+            // Counted once: `busy` is taken by the first wait.
+            if let (Some(start), Some(busy)) = (&self.start, self.busy_once()) {
+                // SAFETY: both events are live, timing-enabled and complete.
+                if let Ok(ms) = unsafe { result::event::elapsed(start.cu_event(), ev.cu_event()) } {
+                    busy.fetch_add((ms as f64 * 1e6) as u64, Ordering::Relaxed);
+                }
+            }
         }
         Ok(())
+    }
+
+    fn busy_once(&self) -> Option<Arc<AtomicU64>> {
+        let mut taken = self.busy_taken.lock().unwrap_or_else(|p| p.into_inner());
+        if *taken {
+            return None;
+        }
+        *taken = true;
+        self.busy.clone()
     }
 
     pub(crate) fn is_done(&self) -> bool {
@@ -151,6 +172,9 @@ impl CudaWork {
     fn failed(e: RuntimeError, keep_alive: Vec<Arc<Storage>>) -> CudaWork {
         CudaWork {
             done: None,
+            start: None,
+            busy: None,
+            busy_taken: Mutex::new(false),
             error: Mutex::new(Some(e)),
             _keep_alive: keep_alive,
             _graph: None,
@@ -218,9 +242,12 @@ impl CudaBackend {
         }
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
-            Ok((done, graph, slot)) => {
+            Ok(((start, done), graph, slot)) => {
                 let work = Arc::new(CudaWork {
                     done: Some(done),
+                    start: Some(start),
+                    busy: Some(Arc::clone(&self.busy_ns)),
+                    busy_taken: Mutex::new(false),
                     error: Mutex::new(None),
                     timing: slot.map(|slot| (timed_nodes(&cb), slot)),
                     _keep_alive: cb.keep_alive,
@@ -263,21 +290,25 @@ impl CudaBackend {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned()?;
-        let run = || -> Result<CudaEvent, RuntimeError> {
+        let run = || -> Result<(CudaEvent, CudaEvent), RuntimeError> {
             self.load_values(&graph, values, writes)?;
             let g = graph.graph.lock().unwrap_or_else(|p| p.into_inner());
             let g = g.as_ref().ok_or_else(|| {
                 RuntimeError::Usage("a cached CUDA graph was never captured".into())
             })?;
+            let start = self.timing_event()?;
             g.launch().map_err(driver)?;
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
             *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(self.main.record_event(None).map_err(driver)?);
-            self.main.record_event(None).map_err(driver)
+            Ok((start, self.timing_event()?))
         };
         Some(match run() {
-            Ok(done) => Arc::new(CudaWork {
+            Ok((start, done)) => Arc::new(CudaWork {
                 done: Some(done),
+                start: Some(start),
+                busy: Some(Arc::clone(&self.busy_ns)),
+                busy_taken: Mutex::new(false),
                 error: Mutex::new(None),
                 timing: None,
                 _keep_alive: keep_alive,
@@ -292,7 +323,14 @@ impl CudaBackend {
         &self,
         cb: &CudaCommandBuffer,
         key: u64,
-    ) -> Result<(CudaEvent, Option<Arc<CachedGraph>>, Option<TimeSlot>), RuntimeError> {
+    ) -> Result<
+        (
+            (CudaEvent, CudaEvent),
+            Option<Arc<CachedGraph>>,
+            Option<TimeSlot>,
+        ),
+        RuntimeError,
+    > {
         let cached = self
             .graphs
             .lock()
@@ -335,6 +373,7 @@ impl CudaBackend {
             }
             None => None,
         };
+        let start = self.timing_event()?;
         let launched = graph
             .graph
             .lock()
@@ -352,10 +391,10 @@ impl CudaBackend {
                 self.stats.eager.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let done = self.main.record_event(None).map_err(driver)?;
+        let done = self.timing_event()?;
         *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(self.main.record_event(None).map_err(driver)?);
-        Ok((done, Some(graph), slot))
+        Ok(((start, done), Some(graph), slot))
     }
 
     /// Allocates a graph's step buffer, staging and scratch, prepares the
@@ -587,6 +626,18 @@ impl CudaBackend {
                 .launch(stream, &n.node, &n.ins, &n.outs, scratch, step)
         }
         .map_err(fail)
+    }
+}
+
+impl CudaBackend {
+    /// A timing-enabled event recorded on the main stream now.
+    fn timing_event(&self) -> Result<CudaEvent, RuntimeError> {
+        let e = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver)?;
+        e.record(&self.main).map_err(driver)?;
+        Ok(e)
     }
 }
 

@@ -68,6 +68,8 @@ pub(crate) struct CudaBackend {
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
     /// Pinned memory that downloads go through.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// Device time of the command buffers waited for, in nanoseconds.
+    pub busy_ns: Arc<AtomicU64>,
 }
 
 /// Streams a level's nodes are spread over.
@@ -107,6 +109,7 @@ impl CudaBackend {
             stats: GraphStats::default(),
             clock: Mutex::new(None),
             readback: Mutex::new(None),
+            busy_ns: Arc::new(AtomicU64::new(0)),
         })
     }
 
