@@ -3,6 +3,10 @@
 //! time is serial with every token, so it bounds decode speed.
 //! `cargo bench --bench record_step` (fetches the model on first use).
 
+/// The allocator the `weft` binary uses (src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 use weft::models::fetch::{ensure, SMOLLM2_135M_Q4_1};
 use weft::models::{LogitRows, Model};

@@ -75,6 +75,8 @@ pub struct GraphExecutor {
     pub(crate) last_jobs: Vec<Arc<Job>>,
     pub(crate) epoch: Instant,
     pub(crate) fault_seen: usize,
+    /// Nodes of the last recording (a new session reserves as many).
+    pub(crate) last_recording_len: usize,
     /// The CUDA device, when the executor runs on one.
     #[cfg(feature = "cuda")]
     pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
@@ -130,6 +132,7 @@ impl GraphExecutor {
             last_jobs: Vec::new(),
             epoch: Instant::now(),
             fault_seen: 0,
+            last_recording_len: 0,
             #[cfg(feature = "cuda")]
             cuda,
             #[cfg(feature = "cuda")]

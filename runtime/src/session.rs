@@ -62,12 +62,14 @@ impl<'e> GraphSession<'e> {
         let scope_depth = exec.pools.depth();
         // Only scopes this session ends count as dead for its fusion pass.
         exec.pools.take_ended();
+        // Steps repeat: room for as many nodes as the last recording had.
+        let room = exec.last_recording_len;
         Self {
             exec,
             mode,
-            nodes: Vec::new(),
-            payloads: Vec::new(),
-            fences: Vec::new(),
+            nodes: Vec::with_capacity(room),
+            payloads: Vec::with_capacity(room),
+            fences: Vec::with_capacity(room),
             layer: None,
             fence_next: false,
             scope_depth,
@@ -326,6 +328,7 @@ impl<'e> GraphSession<'e> {
 
     /// The recording and its schedule, without running anything (for dumps).
     pub fn into_schedule(mut self) -> Result<(Vec<Node>, Schedule), RuntimeError> {
+        self.exec.last_recording_len = self.nodes.len();
         let dead = self.exec.pools.take_ended();
         self.run_fusion(&dead, false);
         let s = self.schedule(match self.mode {
@@ -392,6 +395,7 @@ impl<'e> GraphSession<'e> {
     ) -> Result<(InFlight, Schedule), RuntimeError> {
         let timed = timed || self.exec.trace.is_some();
         let submit_start = Instant::now();
+        self.exec.last_recording_len = self.nodes.len();
         #[cfg(feature = "cuda")]
         if let Some(cuda) = self.exec.cuda.clone() {
             return self.submit_cuda(&cuda, strategy, timed, submit_start);
