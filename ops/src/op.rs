@@ -256,6 +256,34 @@ pub enum Op {
 }
 
 impl Op {
+    /// Equal up to the values that change from one decode step to the
+    /// next: attention's query position, a cache write's first row, a host
+    /// write's bytes (of equal length). Step plans compare recordings with
+    /// it; a backend reads those values per step.
+    pub fn same_structure(&self, other: &Op) -> bool {
+        match (self, other) {
+            (Op::Write { data: x }, Op::Write { data: y }) => x.len() == y.len(),
+            (Op::Attention(p), Op::Attention(q)) => {
+                AttentionParams {
+                    q_position: 0,
+                    ..*p
+                } == AttentionParams {
+                    q_position: 0,
+                    ..*q
+                }
+            }
+            (Op::SetRows { ring: a, .. }, Op::SetRows { ring: b, .. }) => a == b,
+            (
+                Op::RopeSetRows {
+                    rope: r1, ring: a, ..
+                },
+                Op::RopeSetRows {
+                    rope: r2, ring: b, ..
+                },
+            ) => r1 == r2 && a == b,
+            _ => self == other,
+        }
+    }
     /// Short name used in labels, dumps and profiles.
     pub fn name(&self) -> &'static str {
         match self {

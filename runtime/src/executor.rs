@@ -80,10 +80,9 @@ pub struct GraphExecutor {
     /// The CUDA device, when the executor runs on one.
     #[cfg(feature = "cuda")]
     pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
-    /// Plans of recent CUDA recordings (most recent first), reused while
-    /// steps repeat one.
-    #[cfg(feature = "cuda")]
-    pub(crate) step_plans: Vec<crate::cuda::plan::StepPlan>,
+    /// Plans of recent recordings (most recent first), reused while steps
+    /// repeat one.
+    pub(crate) step_plans: Vec<crate::plan::StepPlan>,
     /// The Metal device, when the executor runs on one.
     #[cfg(all(feature = "metal", target_os = "macos"))]
     pub(crate) metal: Option<Arc<crate::metal::MetalBackend>>,
@@ -135,7 +134,6 @@ impl GraphExecutor {
             last_recording_len: 0,
             #[cfg(feature = "cuda")]
             cuda,
-            #[cfg(feature = "cuda")]
             step_plans: Vec::new(),
             #[cfg(all(feature = "metal", target_os = "macos"))]
             metal,
@@ -236,7 +234,6 @@ impl GraphExecutor {
         }
         // A step plan pointing into the buffer could never match again, and
         // it would keep the memory alive.
-        #[cfg(feature = "cuda")]
         self.step_plans
             .retain(|p| !p.buffers.iter().any(|(b, _)| *b == id));
     }

@@ -95,7 +95,6 @@ pub(crate) fn fuse(
 /// to `payloads` (the nodes' ranges are not needed: the schedule is reused
 /// too). `None` if a merge does not apply, which a caller treats as "not
 /// the same structure".
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn replay(payloads: Vec<OpNode>, rounds: &[Vec<Merge>]) -> Option<Vec<OpNode>> {
     let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
     for round in rounds {

@@ -21,6 +21,7 @@ mod fusion;
 mod memory;
 #[cfg(all(feature = "metal", target_os = "macos"))]
 mod metal;
+mod plan;
 mod pool;
 mod profile;
 mod session;

@@ -2,6 +2,7 @@
 //! path from a recording to submitted command buffers.
 
 use crate::executor::GraphExecutor;
+use crate::plan::StepPlan;
 use crate::pool::PoolScope;
 use crate::submission::InFlight;
 use crate::threadpool::{Job, Level, PreparedNode};
@@ -400,8 +401,32 @@ impl<'e> GraphSession<'e> {
         if let Some(cuda) = self.exec.cuda.clone() {
             return self.submit_cuda(&cuda, strategy, timed, submit_start);
         }
+        #[allow(unused_mut)]
+        let mut metal = false;
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        {
+            metal = self.exec.metal.is_some();
+        }
         let dead = self.exec.pools.take_ended();
-        self.run_fusion(&dead, false);
+        // Recorded CPU steps are scheduled on position-independent ranges
+        // too, and reuse a recent step's plan (fusion and schedule).
+        let widened = self.mode == SessionMode::Recorded && !metal;
+        let plannable = self.widen_for_plans(widened, timed);
+        let mut snapshot = None;
+        if plannable {
+            if let Some(plan) = self.take_plan(&dead, strategy, |_| true) {
+                if self.exec.config.check_schedules {
+                    let supports = |n: &OpNode| cpu::supports(n).is_ok();
+                    self.check_plan_core(&plan, &dead, strategy, &supports)?;
+                }
+                let done = self.replay_plan_cpu(&plan);
+                let schedule = plan.schedule.clone();
+                self.exec.step_plans.insert(0, plan);
+                return done.map(|inflight| (inflight, schedule));
+            }
+            snapshot = Some(self.snapshot());
+        }
+        let merges = self.run_fusion(&dead, widened);
         let s = self.schedule(strategy)?;
         let submit_start = (submit_start, Instant::now());
         if self.exec.config.graph_diag {
@@ -416,9 +441,131 @@ impl<'e> GraphSession<'e> {
         let failed = Arc::new(AtomicBool::new(false));
         let mut jobs = Vec::with_capacity(s.command_buffers.len());
         for cb in &s.command_buffers {
-            let job = self.prepare_job(cb, &mut payloads, &failed, timed)?;
+            let job = self.prepare_job(cb, &mut payloads, &failed, timed, None)?;
             jobs.push(Arc::new(job));
         }
+        if let Some(snapshot) = snapshot {
+            let labels = self.labels();
+            let device = (Vec::new(), Vec::new(), Vec::new());
+            self.store_plan(snapshot, dead, strategy, merges, &s, labels, device);
+        }
+        let inflight = self.finish_cpu(jobs, &s, Some(submit_start));
+        Ok((inflight, s))
+    }
+
+    /// Widens the recording's ranges when `widened`; says whether the
+    /// submission may use and make step plans (not timed: traces and
+    /// profiles time other graphs on CUDA; not with fault injection, which
+    /// goes by label).
+    fn widen_for_plans(&mut self, widened: bool, timed: bool) -> bool {
+        if widened {
+            for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
+                crate::widen::widen(n, p);
+            }
+        }
+        !timed && widened && self.exec.config.fault.is_none()
+    }
+
+    /// Takes the most recent plan this recording matches (and `usable`
+    /// accepts) out of the executor's list.
+    fn take_plan(
+        &mut self,
+        dead: &HashSet<BufferId>,
+        strategy: Option<Strategy>,
+        usable: impl Fn(&StepPlan) -> bool,
+    ) -> Option<StepPlan> {
+        let found = self.exec.step_plans.iter().position(|plan| {
+            plan.matches(
+                self.exec,
+                &self.nodes,
+                &self.payloads,
+                &self.fences,
+                dead,
+                strategy,
+            ) && usable(plan)
+        })?;
+        Some(self.exec.step_plans.remove(found))
+    }
+
+    /// The recording as a plan compares it: nodes, payloads, fences.
+    fn snapshot(&self) -> (Vec<Node>, Vec<OpNode>, Vec<bool>) {
+        (
+            self.nodes.clone(),
+            self.payloads.clone(),
+            self.fences.clone(),
+        )
+    }
+
+    /// Labels and layers of the (fused) nodes.
+    fn labels(&self) -> Vec<(Label, Option<u32>)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.label.clone(), n.layer))
+            .collect()
+    }
+
+    /// Keeps a plan of this submission (most recent first, bounded).
+    #[allow(clippy::too_many_arguments)]
+    fn store_plan(
+        &mut self,
+        (nodes, payloads, fences): (Vec<Node>, Vec<OpNode>, Vec<bool>),
+        dead: HashSet<BufferId>,
+        strategy: Option<Strategy>,
+        merges: Vec<Vec<crate::fusion::Merge>>,
+        s: &Schedule,
+        labels: Vec<(Label, Option<u32>)>,
+        device: DevicePlan,
+    ) {
+        let (keys, keep_alive, buffers) = device;
+        self.exec.step_plans.truncate(crate::plan::MAX_PLANS - 1);
+        self.exec.step_plans.insert(
+            0,
+            StepPlan {
+                nodes,
+                payloads,
+                fences,
+                dead,
+                config: self.exec.config.clone(),
+                strategy,
+                merges,
+                schedule: s.clone(),
+                labels,
+                keys,
+                keep_alive,
+                buffers,
+            },
+        );
+    }
+
+    /// Runs a plan's schedule on the CPU with this recording's payloads.
+    fn replay_plan_cpu(&mut self, plan: &StepPlan) -> Result<InFlight, RuntimeError> {
+        let payloads = crate::fusion::replay(std::mem::take(&mut self.payloads), &plan.merges)
+            .ok_or_else(|| {
+                RuntimeError::Usage(
+                    "a step plan's fusion does not apply to an equal recording".into(),
+                )
+            })?;
+        if self.exec.config.graph_diag {
+            print_diag(&plan.schedule);
+        }
+        let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut jobs = Vec::with_capacity(plan.schedule.command_buffers.len());
+        for cb in &plan.schedule.command_buffers {
+            let job = self.prepare_job(cb, &mut payloads, &failed, false, Some(&plan.labels))?;
+            jobs.push(Arc::new(job));
+        }
+        crate::counters::LiveCounters::add(&self.exec.counters.planned_commits, 1);
+        Ok(self.finish_cpu(jobs, &plan.schedule, None))
+    }
+
+    /// Submits CPU jobs: counters, the worker pool, pool scopes, the trace.
+    fn finish_cpu(
+        &mut self,
+        jobs: Vec<Arc<Job>>,
+        s: &Schedule,
+        submit_start: Option<(Instant, Instant)>,
+    ) -> InFlight {
         let counters = Arc::clone(&self.exec.counters);
         crate::counters::LiveCounters::add(&counters.commits, 1);
         crate::counters::LiveCounters::add(&counters.command_buffers, jobs.len() as u64);
@@ -427,24 +574,48 @@ impl<'e> GraphSession<'e> {
         }
         self.exec.last_jobs = jobs.clone();
         self.end_scopes();
-        let trace = self.note_trace(&jobs, &s, submit_start);
-        Ok((
-            InFlight {
-                jobs,
-                #[cfg(feature = "cuda")]
-                cuda: Vec::new(),
-                #[cfg(all(feature = "metal", target_os = "macos"))]
-                metal: Vec::new(),
-                counters,
-                trace,
-            },
-            s,
-        ))
+        let trace = submit_start.and_then(|at| self.note_trace(&jobs, s, at));
+        InFlight {
+            jobs,
+            #[cfg(feature = "cuda")]
+            cuda: Vec::new(),
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            metal: Vec::new(),
+            counters,
+            trace,
+        }
+    }
+
+    /// Checking mode (tests, debug builds): the plan must be exactly what
+    /// fusion and the reorder pass make of this recording (the same merges
+    /// and schedule, and the merges' replay equal to a fresh fusion).
+    /// Returns the fresh fused nodes, payloads and schedule.
+    fn check_plan_core(
+        &self,
+        plan: &StepPlan,
+        dead: &HashSet<BufferId>,
+        strategy: Option<Strategy>,
+        supports: &dyn Fn(&OpNode) -> bool,
+    ) -> Result<(Vec<Node>, Vec<OpNode>, Schedule), RuntimeError> {
+        let (mut nodes, mut payloads) = (self.nodes.clone(), self.payloads.clone());
+        let merges = if self.exec.config.fuse {
+            crate::fusion::fuse(&mut nodes, &mut payloads, dead, supports, true, true)
+        } else {
+            Vec::new()
+        };
+        let fresh = schedule_nodes(&nodes, &self.fences, &self.exec.config, strategy)?;
+        if merges != plan.merges || fresh != plan.schedule {
+            return Err(plan_differs("fusion and schedule"));
+        }
+        if crate::fusion::replay(self.payloads.clone(), &plan.merges).as_ref() != Some(&payloads) {
+            return Err(plan_differs("fusion (replayed merges)"));
+        }
+        Ok((nodes, payloads, fresh))
     }
 
     /// The CUDA path of `submit`: each command buffer becomes a graph
     /// launch. A recording of the structure the last one had reuses its
-    /// plan (fusion, schedule, graphs; see `cuda::plan`).
+    /// plan (fusion, schedule, graphs; see `plan`).
     #[cfg(feature = "cuda")]
     fn submit_cuda(
         mut self,
@@ -453,34 +624,15 @@ impl<'e> GraphSession<'e> {
         timed: bool,
         submit_start: Instant,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
-        use crate::cuda::plan::{StepPlan, MAX_PLANS};
-        use crate::widen::widen;
         let dead = self.exec.pools.take_ended();
         // CUDA schedules of recorded sessions use position-independent
         // ranges, so timed, traced and planned runs share one schedule.
         let widened = self.mode == SessionMode::Recorded;
-        if widened {
-            for (n, p) in self.nodes.iter_mut().zip(&self.payloads) {
-                widen(n, p);
-            }
-        }
-        // Timed runs capture other graphs; injected faults need labels.
-        let plannable = !timed && widened && self.exec.config.fault.is_none();
+        let plannable = self.widen_for_plans(widened, timed);
         let mut snapshot = None;
         if plannable {
-            let found = self.exec.step_plans.iter().position(|plan| {
-                plan.matches(
-                    &cuda.kernels,
-                    self.exec,
-                    &self.nodes,
-                    &self.payloads,
-                    &self.fences,
-                    &dead,
-                    strategy,
-                ) && plan.keys.iter().all(|&k| cuda.has_graph(k))
-            });
-            if let Some(k) = found {
-                let plan = self.exec.step_plans.remove(k);
+            let graphs = |plan: &StepPlan| plan.keys.iter().all(|&k| cuda.has_graph(k));
+            if let Some(plan) = self.take_plan(&dead, strategy, graphs) {
                 let checked = match self.exec.config.check_schedules {
                     true => self.check_plan(cuda, &plan, &dead, strategy),
                     false => Ok(()),
@@ -492,11 +644,7 @@ impl<'e> GraphSession<'e> {
                 self.exec.step_plans.insert(0, plan);
                 return Ok((inflight, schedule));
             }
-            snapshot = Some((
-                self.nodes.clone(),
-                self.payloads.clone(),
-                self.fences.clone(),
-            ));
+            snapshot = Some(self.snapshot());
         }
         let merges = self.run_fusion(&dead, widened);
         let s = self.schedule(strategy)?;
@@ -521,24 +669,10 @@ impl<'e> GraphSession<'e> {
             self.count_command_buffer(cb);
         }
         let keys: Option<Vec<u64>> = keys.into_iter().collect();
-        if let (Some((nodes, payloads, fences)), Some(keys)) = (snapshot, keys) {
-            self.exec.step_plans.truncate(MAX_PLANS - 1);
-            self.exec.step_plans.insert(
-                0,
-                StepPlan {
-                    nodes,
-                    payloads,
-                    fences,
-                    dead,
-                    config: self.exec.config.clone(),
-                    strategy,
-                    merges,
-                    schedule: s.clone(),
-                    keys,
-                    keep_alive,
-                    buffers: buffers.into_iter().collect(),
-                },
-            );
+        if let (Some(snapshot), Some(keys)) = (snapshot, keys) {
+            let labels = self.labels();
+            let device = (keys, keep_alive, buffers.into_iter().collect());
+            self.store_plan(snapshot, dead, strategy, merges, &s, labels, device);
         }
         Ok((self.finish_cuda(works, &s, Some(submit_start)), s))
     }
@@ -548,7 +682,7 @@ impl<'e> GraphSession<'e> {
     fn replay_plan(
         &mut self,
         cuda: &Arc<crate::cuda::CudaBackend>,
-        plan: &crate::cuda::plan::StepPlan,
+        plan: &StepPlan,
     ) -> Result<InFlight, RuntimeError> {
         let payloads = std::mem::take(&mut self.payloads);
         let payloads = crate::fusion::replay(payloads, &plan.merges).ok_or_else(|| {
@@ -587,29 +721,12 @@ impl<'e> GraphSession<'e> {
     fn check_plan(
         &mut self,
         cuda: &Arc<crate::cuda::CudaBackend>,
-        plan: &crate::cuda::plan::StepPlan,
+        plan: &StepPlan,
         dead: &HashSet<BufferId>,
         strategy: Option<Strategy>,
     ) -> Result<(), RuntimeError> {
-        let (mut nodes, mut payloads) = (self.nodes.clone(), self.payloads.clone());
         let supports = |n: &OpNode| cuda.kernels.supports(n).is_ok();
-        let merges = if self.exec.config.fuse {
-            crate::fusion::fuse(&mut nodes, &mut payloads, dead, &supports, true, true)
-        } else {
-            Vec::new()
-        };
-        let fresh = schedule_nodes(&nodes, &self.fences, &self.exec.config, strategy)?;
-        let differs = |what: &str| {
-            RuntimeError::Usage(format!(
-                "a reused step plan differs from a fresh {what} of the step"
-            ))
-        };
-        if merges != plan.merges || fresh != plan.schedule {
-            return Err(differs("fusion and schedule"));
-        }
-        if crate::fusion::replay(self.payloads.clone(), &plan.merges).as_ref() != Some(&payloads) {
-            return Err(differs("fusion (replayed merges)"));
-        }
+        let (nodes, payloads, fresh) = self.check_plan_core(plan, dead, strategy, &supports)?;
         // The graphs: prepare the fresh command buffers (labels from the
         // fresh nodes) and compare their keys.
         let recorded = std::mem::replace(&mut self.nodes, nodes);
@@ -630,7 +747,7 @@ impl<'e> GraphSession<'e> {
             return Err(e);
         }
         if keys != plan.keys {
-            return Err(differs("graph preparation"));
+            return Err(plan_differs("graph preparation"));
         }
         Ok(())
     }
@@ -839,6 +956,7 @@ impl<'e> GraphSession<'e> {
         payloads: &mut [Option<OpNode>],
         failed: &Arc<AtomicBool>,
         timed: bool,
+        labels: Option<&[(Label, Option<u32>)]>,
     ) -> Result<Job, RuntimeError> {
         let threads = self.exec.threads();
         let mut keep = BTreeMap::new();
@@ -872,7 +990,10 @@ impl<'e> GraphSession<'e> {
                 .map(&mut resolve)
                 .collect::<Result<Vec<_>, _>>()?;
             let split = cpu::work_split(&node, threads);
-            let label = self.nodes[i].label.clone();
+            let (label, layer) = match labels {
+                Some(l) => l[i].clone(),
+                None => (self.nodes[i].label.clone(), self.nodes[i].layer),
+            };
             let fail = self.take_fault(&label);
             prepared.push(PreparedNode {
                 node,
@@ -880,7 +1001,7 @@ impl<'e> GraphSession<'e> {
                 outs,
                 split,
                 label,
-                layer: self.nodes[i].layer,
+                layer,
                 fail,
             });
         }
@@ -964,6 +1085,20 @@ fn collect_timings(jobs: &[Arc<Job>]) -> Vec<NodeTiming> {
         }
     }
     out
+}
+
+/// CUDA's part of a plan: graph keys, storage kept per command buffer,
+/// buffers pointed into (all empty on the CPU).
+type DevicePlan = (
+    Vec<u64>,
+    Vec<Vec<Arc<crate::memory::Storage>>>,
+    Vec<(BufferId, Arc<crate::memory::Storage>)>,
+);
+
+fn plan_differs(what: &str) -> RuntimeError {
+    RuntimeError::Usage(format!(
+        "a reused step plan differs from a fresh {what} of the step"
+    ))
 }
 
 /// The schedule of `nodes` under `strategy` (`None`: recorded order with

@@ -2,7 +2,7 @@
 //! read depend on the position; a schedule made on their widest extent
 //! (the whole destination, the whole cache capacity) orders every pair of
 //! nodes that could conflict at any position, so it can be reused from
-//! step to step (`cuda::plan`).
+//! step to step (`plan`).
 
 use weft_graph::{ByteRange, Node};
 use weft_ops::{Op, OpNode, Shape, Tensor};
@@ -11,7 +11,6 @@ use weft_ops::{Op, OpNode, Shape, Tensor};
 /// write declares its whole destination, attention its cache's whole
 /// capacity. Wider ranges only add conflicts, so a schedule of widened
 /// nodes is valid at every position.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn widen(node: &mut Node, payload: &OpNode) {
     match &payload.op {
         Op::SetRows { .. } | Op::RopeSetRows { .. } => {

@@ -254,20 +254,6 @@ impl CudaKernels {
         }
     }
 
-    /// Do two ops launch the same kernels with the same fixed parameters,
-    /// differing at most in what [`step_scalars`](Self::step_scalars) and a
-    /// host write's bytes carry? (`structural(a) == structural(b)` without
-    /// building either.)
-    pub fn same_structure(&self, a: &Op, b: &Op) -> bool {
-        match (a, b) {
-            (Op::Write { data: x }, Op::Write { data: y }) => x.len() == y.len(),
-            (Op::Attention(_) | Op::SetRows { .. } | Op::RopeSetRows { .. }, _) => {
-                self.structural(a) == self.structural(b)
-            }
-            _ => a == b,
-        }
-    }
-
     /// One-time preparation outside graph capture: uploads the rope angle
     /// table for the node's parameters, or the GELU table.
     pub fn prepare(&self, node: &OpNode, stream: &Arc<CudaStream>) -> Result<(), OpError> {

@@ -13,7 +13,6 @@
 //! counters say so.
 
 mod graph;
-pub(crate) mod plan;
 
 pub(crate) use graph::{CudaCommandBuffer, CudaNode, CudaWork};
 

@@ -1,9 +1,9 @@
 //! Step plans: a decode step records the same nodes token after token;
 //! only positions, cache rows and uploaded bytes change. The first time a
-//! structure is submitted, its fusion merges, schedule and captured graphs'
-//! keys are kept; a later recording equal to it in everything but those
-//! values skips fusion, scheduling and device preparation and replays the
-//! graphs with its own values.
+//! structure is submitted, its fusion merges and schedule (on CUDA also its
+//! captured graphs' keys) are kept; a later recording equal to it in
+//! everything but those values skips fusion and scheduling (on CUDA also
+//! device preparation, replaying the graphs with its own values).
 //!
 //! Sound because the kept schedule is computed on position-independent
 //! ranges ([`crate::widen::widen`]): a cache write (`set_rows`) declares the whole
@@ -19,12 +19,10 @@ use crate::memory::Storage;
 use std::collections::HashSet;
 use std::sync::Arc;
 use weft_graph::reorder::Strategy;
-use weft_graph::{BufferId, Node, Schedule};
-use weft_kernels::cuda::CudaKernels;
+use weft_graph::{BufferId, Label, Node, Schedule};
 use weft_ops::{Op, OpNode};
 
-/// Plans kept per executor. Steps may alternate between structures (the
-/// pools hand consecutive steps different upload buffers), so more than one.
+/// Plans kept per executor (a decode and a prefill chunk size or two).
 pub(crate) const MAX_PLANS: usize = 4;
 
 /// What a recording was turned into, and what it must equal to reuse it.
@@ -37,23 +35,26 @@ pub(crate) struct StepPlan {
     pub dead: HashSet<BufferId>,
     pub config: ExecutorConfig,
     pub strategy: Option<Strategy>,
-    /// The fusion pass's merges and the schedule of the fused recording.
+    /// The fusion pass's merges and the schedule of the fused recording,
+    /// with the fused nodes' labels and layers (for jobs and errors).
     pub merges: Vec<Vec<Merge>>,
     pub schedule: Schedule,
-    /// Per command buffer: its graph's key and the storage it uses.
+    pub labels: Vec<(Label, Option<u32>)>,
+    /// CUDA: per command buffer its graph's key and the storage it uses
+    /// (empty on the CPU, which resolves pointers every step).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub keys: Vec<u64>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub keep_alive: Vec<Vec<Arc<Storage>>>,
-    /// Every buffer the graphs point into (a released and reallocated id
-    /// would have new memory).
+    /// CUDA: every buffer the graphs point into (a released and
+    /// reallocated id would have new memory).
     pub buffers: Vec<(BufferId, Arc<Storage>)>,
 }
 
 impl StepPlan {
     /// Is a recording (ranges already widened) the same structure?
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn matches(
         &self,
-        kernels: &CudaKernels,
         exec: &GraphExecutor,
         nodes: &[Node],
         payloads: &[OpNode],
@@ -75,7 +76,7 @@ impl StepPlan {
                 .payloads
                 .iter()
                 .zip(payloads)
-                .all(|(a, b)| same_payload(kernels, a, b))
+                .all(|(a, b)| same_payload(a, b))
             && self.buffers.iter().all(|(id, storage)| {
                 exec.entry(*id)
                     .is_ok_and(|e| Arc::ptr_eq(&e.storage, storage))
@@ -85,11 +86,8 @@ impl StepPlan {
 
 /// Same op structure and tensors; attention's cache views may differ in
 /// rows (the visible extent is a step value).
-fn same_payload(kernels: &CudaKernels, a: &OpNode, b: &OpNode) -> bool {
-    if !kernels.same_structure(&a.op, &b.op)
-        || a.outputs != b.outputs
-        || a.inputs.len() != b.inputs.len()
-    {
+fn same_payload(a: &OpNode, b: &OpNode) -> bool {
+    if !a.op.same_structure(&b.op) || a.outputs != b.outputs || a.inputs.len() != b.inputs.len() {
         return false;
     }
     let cache_view = matches!(a.op, Op::Attention(_));
