@@ -4,6 +4,7 @@
 //! `cargo bench --bench record_step` (fetches the model on first use).
 
 /// The allocator the `weft` binary uses (src/main.rs).
+#[cfg(target_os = "linux")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

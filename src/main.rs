@@ -4,7 +4,9 @@ mod cli;
 
 /// Recording a step makes a few small allocations per node; mimalloc
 /// takes about 30 % off the host time of a decode step against glibc's
-/// allocator (`cargo bench --bench record_step`, which uses it too).
+/// allocator (`cargo bench --bench record_step`, which uses it too). Linux
+/// only: elsewhere the system allocator.
+#[cfg(target_os = "linux")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -401,12 +401,10 @@ impl<'e> GraphSession<'e> {
         if let Some(cuda) = self.exec.cuda.clone() {
             return self.submit_cuda(&cuda, strategy, timed, submit_start);
         }
-        #[allow(unused_mut)]
-        let mut metal = false;
         #[cfg(all(feature = "metal", target_os = "macos"))]
-        {
-            metal = self.exec.metal.is_some();
-        }
+        let metal = self.exec.metal.is_some();
+        #[cfg(not(all(feature = "metal", target_os = "macos")))]
+        let metal = false;
         let dead = self.exec.pools.take_ended();
         // Recorded CPU steps are scheduled on position-independent ranges
         // too, and reuse a recent step's plan (fusion and schedule).
