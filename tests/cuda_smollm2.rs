@@ -35,6 +35,50 @@ fn load(device: Device) -> (GraphExecutor, Model) {
     (exec, model)
 }
 
+/// Prefills `ids` on both executors, then decodes `steps` greedy tokens in
+/// step (the CPU's argmax feeds both, so a tie cannot split them),
+/// asserting bit-identical logits after the prefill and every step.
+fn decode_in_step(
+    (gpu, model): (&mut GraphExecutor, &Model),
+    (cpu, cpu_model): (&mut GraphExecutor, &Model),
+    ids: &[u32],
+    capacity: u32,
+    steps: usize,
+) {
+    let mut gc = model.new_cache(gpu, capacity, 512).expect("cache");
+    let mut cc = cpu_model.new_cache(cpu, capacity, 512).expect("cache");
+    let policy = model.chunk_policy();
+    let mut lg = model
+        .prefill(gpu, &mut gc, ids, &policy, LogitRows::Last)
+        .expect("gpu prefill");
+    let mut lc = cpu_model
+        .prefill(cpu, &mut cc, ids, &policy, LogitRows::Last)
+        .expect("cpu prefill");
+    for k in 0..=steps {
+        let differ = lg
+            .iter()
+            .zip(&lc)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "step {k} (position {}): logits differ",
+            ids.len() + k
+        );
+        if k == steps {
+            break;
+        }
+        let t = argmax(&lc) as u32;
+        lg = model
+            .step(gpu, &mut gc, &[t], LogitRows::Last)
+            .expect("gpu decode");
+        lc = cpu_model
+            .step(cpu, &mut cc, &[t], LogitRows::Last)
+            .expect("cpu decode");
+    }
+}
+
 #[test]
 fn greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
     if !cuda_or_skip() {
@@ -109,37 +153,14 @@ fn long_decode_on_cuda_is_bit_identical_to_the_cpu() {
     let reference = common::reference_json("smollm2.json");
     let ids: Vec<u32> =
         serde_json::from_value(reference["cases"][0]["prompt_ids"].clone()).expect("ids");
-    let mut gc = model.new_cache(&mut gpu, 1024, 512).expect("cache");
-    let mut cc = cpu_model.new_cache(&mut cpu, 1024, 512).expect("cache");
-    let policy = model.chunk_policy();
-    let mut lg = model
-        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
-        .expect("gpu prefill");
-    let mut lc = cpu_model
-        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
-        .expect("cpu prefill");
     let steps = 700 - ids.len();
-    for k in 0..steps {
-        let differ = lg
-            .iter()
-            .zip(&lc)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ,
-            0,
-            "step {k} (position {}): logits differ",
-            ids.len() + k
-        );
-        // Keep the two runs on the same tokens even if argmax is a tie.
-        let t = argmax(&lc) as u32;
-        lg = model
-            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
-            .expect("gpu decode");
-        lc = cpu_model
-            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
-            .expect("cpu decode");
-    }
+    decode_in_step(
+        (&mut gpu, &model),
+        (&mut cpu, &cpu_model),
+        &ids,
+        1024,
+        steps,
+    );
     let stats = gpu.graph_stats().expect("cuda stats");
     eprintln!(
         "{steps} steps; graphs: {} captured, {} replayed, {} eager",
@@ -158,30 +179,9 @@ fn traced_decode_on_cuda_times_every_node_on_device_streams() {
     let (mut gpu, model) = load(Device::Cuda(0));
     let (mut cpu, cpu_model) = load(Device::Cpu);
     let ids: Vec<u32> = (0..24).map(|i| 200 + 7 * i).collect();
-    let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
-    let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
-    let policy = model.chunk_policy();
-    let mut lc = cpu_model
-        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
-        .expect("cpu prefill");
     gpu.enable_trace();
-    let mut lg = model
-        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
-        .expect("gpu prefill");
     let steps = 6;
-    for k in 0..steps {
-        assert!(
-            lg.iter().zip(&lc).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "traced step {k}: logits differ from the CPU's"
-        );
-        let t = argmax(&lc) as u32;
-        lg = model
-            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
-            .expect("gpu decode");
-        lc = cpu_model
-            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
-            .expect("cpu decode");
-    }
+    decode_in_step((&mut gpu, &model), (&mut cpu, &cpu_model), &ids, 512, steps);
     let trace = gpu.take_trace();
     assert!(trace.streams >= 1, "no device stream tracks");
     let device: Vec<_> = trace.events.iter().filter(|e| e.track >= 1000).collect();
@@ -243,30 +243,9 @@ fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
     let model = Model::load(&path, &mut gpu).expect("load");
     let (mut cpu, cpu_model) = load(Device::Cpu);
     let ids: Vec<u32> = (0..40).map(|i| 300 + 11 * i).collect();
-    let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
-    let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
-    let policy = model.chunk_policy();
-    let mut lg = model
-        .prefill(&mut gpu, &mut gc, &ids, &policy, LogitRows::Last)
-        .expect("gpu prefill");
-    let mut lc = cpu_model
-        .prefill(&mut cpu, &mut cc, &ids, &policy, LogitRows::Last)
-        .expect("cpu prefill");
     let before = gpu.counters();
     let steps = 24;
-    for k in 0..steps {
-        assert!(
-            lg.iter().zip(&lc).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "step {k}: logits differ from the CPU's"
-        );
-        let t = argmax(&lc) as u32;
-        lg = model
-            .step(&mut gpu, &mut gc, &[t], LogitRows::Last)
-            .expect("gpu decode");
-        lc = cpu_model
-            .step(&mut cpu, &mut cc, &[t], LogitRows::Last)
-            .expect("cpu decode");
-    }
+    decode_in_step((&mut gpu, &model), (&mut cpu, &cpu_model), &ids, 512, steps);
     let c = gpu.counters() - before;
     eprintln!(
         "{steps} decode steps: {} planned commits",

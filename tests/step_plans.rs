@@ -15,16 +15,7 @@ fn decode(traced: bool, steps: usize) -> (Vec<Vec<f32>>, u64) {
         exec.enable_trace();
     }
     let ids = model.tokenizer.encode("The quick brown fox");
-    let mut cache = model.new_cache(&mut exec, 96, 96).expect("cache");
-    let mut logits = model
-        .prefill(
-            &mut exec,
-            &mut cache,
-            &ids,
-            &model.chunk_policy(),
-            LogitRows::Last,
-        )
-        .expect("prefill");
+    let (mut cache, mut logits) = common::prefilled(&mut exec, &model, 96, &ids);
     let before = exec.counters();
     let mut all = Vec::new();
     for _ in 0..steps {

@@ -413,25 +413,18 @@ impl<'e> GraphSession<'e> {
         let mut snapshot = None;
         if plannable {
             if let Some(plan) = self.take_plan(&dead, strategy, |_| true) {
-                if self.exec.config.check_schedules {
-                    let supports = |n: &OpNode| cpu::supports(n).is_ok();
-                    self.check_plan_core(&plan, &dead, strategy, &supports)?;
-                }
-                let done = self.replay_plan_cpu(&plan);
-                let schedule = plan.schedule.clone();
-                self.exec.step_plans.insert(0, plan);
-                return done.map(|inflight| (inflight, schedule));
+                return self.reuse_plan(plan, |session, plan| {
+                    if session.exec.config.check_schedules {
+                        let supports = |n: &OpNode| cpu::supports(n).is_ok();
+                        session.check_plan_core(plan, &dead, strategy, &supports)?;
+                    }
+                    session.replay_plan_cpu(plan)
+                });
             }
             snapshot = Some(self.snapshot());
         }
-        let merges = self.run_fusion(&dead, widened);
-        let s = self.schedule(strategy)?;
+        let (merges, s, mut payloads) = self.fuse_and_schedule(&dead, widened, strategy)?;
         let submit_start = (submit_start, Instant::now());
-        if self.exec.config.graph_diag {
-            print_diag(&s);
-        }
-        let payloads = std::mem::take(&mut self.payloads);
-        let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         #[cfg(all(feature = "metal", target_os = "macos"))]
         if let Some(metal) = self.exec.metal.clone() {
             return self.submit_metal(&metal, s, &mut payloads);
@@ -483,6 +476,49 @@ impl<'e> GraphSession<'e> {
             ) && usable(plan)
         })?;
         Some(self.exec.step_plans.remove(found))
+    }
+
+    /// Runs `plan` through `run` and keeps it as the most recent plan; a
+    /// plan that failed is dropped (the structure's next step takes the
+    /// normal path).
+    fn reuse_plan(
+        &mut self,
+        plan: StepPlan,
+        run: impl FnOnce(&mut Self, &StepPlan) -> Result<InFlight, RuntimeError>,
+    ) -> Result<(InFlight, Schedule), RuntimeError> {
+        let inflight = run(self, &plan)?;
+        let schedule = plan.schedule.clone();
+        self.exec.step_plans.insert(0, plan);
+        Ok((inflight, schedule))
+    }
+
+    /// Fusion, then the schedule (with `WEFT_GRAPH_DIAG` lines), and the
+    /// payloads in slots for the backend to take: the normal path of every
+    /// submission.
+    #[allow(clippy::type_complexity)]
+    fn fuse_and_schedule(
+        &mut self,
+        dead: &HashSet<BufferId>,
+        widened: bool,
+        strategy: Option<Strategy>,
+    ) -> Result<
+        (
+            Vec<Vec<crate::fusion::Merge>>,
+            Schedule,
+            Vec<Option<OpNode>>,
+        ),
+        RuntimeError,
+    > {
+        let merges = self.run_fusion(dead, widened);
+        let s = self.schedule(strategy)?;
+        if self.exec.config.graph_diag {
+            print_diag(&s);
+        }
+        let payloads = std::mem::take(&mut self.payloads)
+            .into_iter()
+            .map(Some)
+            .collect();
+        Ok((merges, s, payloads))
     }
 
     /// The recording as a plan compares it: nodes, payloads, fences.
@@ -631,27 +667,17 @@ impl<'e> GraphSession<'e> {
         if plannable {
             let graphs = |plan: &StepPlan| plan.keys.iter().all(|&k| cuda.has_graph(k));
             if let Some(plan) = self.take_plan(&dead, strategy, graphs) {
-                let checked = match self.exec.config.check_schedules {
-                    true => self.check_plan(cuda, &plan, &dead, strategy),
-                    false => Ok(()),
-                };
-                // A plan that failed is dropped: the structure's next step
-                // takes the normal path.
-                let inflight = checked.and_then(|()| self.replay_plan(cuda, &plan))?;
-                let schedule = plan.schedule.clone();
-                self.exec.step_plans.insert(0, plan);
-                return Ok((inflight, schedule));
+                return self.reuse_plan(plan, |session, plan| {
+                    if session.exec.config.check_schedules {
+                        session.check_plan(cuda, plan, &dead, strategy)?;
+                    }
+                    session.replay_plan(cuda, plan)
+                });
             }
             snapshot = Some(self.snapshot());
         }
-        let merges = self.run_fusion(&dead, widened);
-        let s = self.schedule(strategy)?;
+        let (merges, s, mut payloads) = self.fuse_and_schedule(&dead, widened, strategy)?;
         let submit_start = (submit_start, Instant::now());
-        if self.exec.config.graph_diag {
-            print_diag(&s);
-        }
-        let payloads = std::mem::take(&mut self.payloads);
-        let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         let mut works = Vec::with_capacity(s.command_buffers.len());
         let mut keys = Vec::with_capacity(s.command_buffers.len());
         let mut keep_alive = Vec::with_capacity(s.command_buffers.len());

@@ -92,3 +92,24 @@ pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> 
     let model = Model::load(&path, &mut exec).expect("load Gemma 3");
     Some(Setup { exec, model })
 }
+
+/// A fresh cache of `context` rows, prefilled with `ids` under the model's
+/// chunk policy: the cache and the last position's logits.
+pub fn prefilled(
+    exec: &mut GraphExecutor,
+    model: &Model,
+    context: u32,
+    ids: &[u32],
+) -> (weft::runtime::cache::KvCache, Vec<f32>) {
+    let mut cache = model.new_cache(exec, context, context).expect("cache");
+    let logits = model
+        .prefill(
+            exec,
+            &mut cache,
+            ids,
+            &model.chunk_policy(),
+            weft::models::LogitRows::Last,
+        )
+        .expect("prefill");
+    (cache, logits)
+}
