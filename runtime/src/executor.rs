@@ -470,18 +470,7 @@ impl GraphExecutor {
                     if let (false, Ok((_, origin))) = (works.is_empty(), cuda.clock_origin()) {
                         let zero = origin.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
                         for (cb, work) in works {
-                            device.extend(work.node_times().into_iter().map(|t| {
-                                crate::trace::DeviceSpan {
-                                    label: t.label,
-                                    op: t.op,
-                                    layer: t.layer,
-                                    level: t.level,
-                                    command_buffer: cb,
-                                    stream: t.stream,
-                                    start_us: zero + t.start_us,
-                                    dur_us: t.end_us - t.start_us,
-                                }
-                            }));
+                            device.extend(work.node_spans(cb, zero));
                         }
                     }
                 }

@@ -315,14 +315,18 @@ impl<'e> GraphSession<'e> {
         let mut timings = collect_timings(&jobs);
         #[cfg(feature = "cuda")]
         for (cb, w) in works.iter().enumerate() {
-            timings.extend(w.node_times().into_iter().map(|t| NodeTiming {
-                op: t.op,
-                label: t.label,
-                layer: t.layer,
-                command_buffer: cb,
-                level: t.level,
-                micros: t.end_us - t.start_us,
-            }));
+            timings.extend(
+                w.node_spans(cb as u64, 0.0)
+                    .into_iter()
+                    .map(|t| NodeTiming {
+                        op: t.op,
+                        label: t.label,
+                        layer: t.layer,
+                        command_buffer: cb,
+                        level: t.level,
+                        micros: t.dur_us,
+                    }),
+            );
         }
         Ok(timings)
     }
@@ -429,16 +433,10 @@ impl<'e> GraphSession<'e> {
         if let Some(metal) = self.exec.metal.clone() {
             return self.submit_metal(&metal, s, &mut payloads);
         }
-        let failed = Arc::new(AtomicBool::new(false));
-        let mut jobs = Vec::with_capacity(s.command_buffers.len());
-        for cb in &s.command_buffers {
-            let job = self.prepare_job(cb, &mut payloads, &failed, timed, None)?;
-            jobs.push(Arc::new(job));
-        }
+        let jobs = self.prepare_jobs(&s, &mut payloads, timed, None)?;
         if let Some(snapshot) = snapshot {
-            let labels = self.labels();
-            let device = (Vec::new(), Vec::new(), Vec::new());
-            self.store_plan(snapshot, dead, strategy, merges, &s, labels, device);
+            let plan = self.new_plan(snapshot, dead, strategy, merges, &s);
+            self.keep_plan(plan);
         }
         let inflight = self.finish_cpu(jobs, &s, Some(submit_start));
         Ok((inflight, s))
@@ -530,65 +528,73 @@ impl<'e> GraphSession<'e> {
         )
     }
 
-    /// Labels and layers of the (fused) nodes.
-    fn labels(&self) -> Vec<(Label, Option<u32>)> {
-        self.nodes
-            .iter()
-            .map(|n| (n.label.clone(), n.layer))
-            .collect()
-    }
-
-    /// Keeps a plan of this submission (most recent first, bounded).
-    #[allow(clippy::too_many_arguments)]
-    fn store_plan(
-        &mut self,
+    /// The plan of this submission: the recording as it was before fusion
+    /// (`snapshot`), what fusion and scheduling made of it, and the fused
+    /// nodes' labels; CUDA adds its graphs' keys.
+    fn new_plan(
+        &self,
         (nodes, payloads, fences): (Vec<Node>, Vec<OpNode>, Vec<bool>),
         dead: HashSet<BufferId>,
         strategy: Option<Strategy>,
         merges: Vec<Vec<crate::fusion::Merge>>,
-        s: &Schedule,
-        labels: Vec<(Label, Option<u32>)>,
-        device: DevicePlan,
-    ) {
-        let (keys, keep_alive, buffers) = device;
+        schedule: &Schedule,
+    ) -> StepPlan {
+        StepPlan {
+            nodes,
+            payloads,
+            fences,
+            dead,
+            config: self.exec.config.clone(),
+            strategy,
+            merges,
+            schedule: schedule.clone(),
+            labels: node_labels(&self.nodes),
+            keys: Vec::new(),
+            keep_alive: Vec::new(),
+            buffers: Vec::new(),
+        }
+    }
+
+    /// Keeps `plan` as the most recent (the list is bounded).
+    fn keep_plan(&mut self, plan: StepPlan) {
         self.exec.step_plans.truncate(crate::plan::MAX_PLANS - 1);
-        self.exec.step_plans.insert(
-            0,
-            StepPlan {
-                nodes,
-                payloads,
-                fences,
-                dead,
-                config: self.exec.config.clone(),
-                strategy,
-                merges,
-                schedule: s.clone(),
-                labels,
-                keys,
-                keep_alive,
-                buffers,
-            },
-        );
+        self.exec.step_plans.insert(0, plan);
+    }
+
+    /// This recording's payloads with a plan's merges applied.
+    fn replayed_payloads(&mut self, plan: &StepPlan) -> Result<Vec<OpNode>, RuntimeError> {
+        if self.exec.config.graph_diag {
+            print_diag(&plan.schedule);
+        }
+        crate::fusion::replay(std::mem::take(&mut self.payloads), &plan.merges).ok_or_else(|| {
+            RuntimeError::Usage("a step plan's fusion does not apply to an equal recording".into())
+        })
+    }
+
+    /// CPU jobs for every command buffer of `s`.
+    fn prepare_jobs(
+        &mut self,
+        s: &Schedule,
+        payloads: &mut [Option<OpNode>],
+        timed: bool,
+        labels: Option<&[(Label, Option<u32>)]>,
+    ) -> Result<Vec<Arc<Job>>, RuntimeError> {
+        let failed = Arc::new(AtomicBool::new(false));
+        s.command_buffers
+            .iter()
+            .map(|cb| {
+                Ok(Arc::new(
+                    self.prepare_job(cb, payloads, &failed, timed, labels)?,
+                ))
+            })
+            .collect()
     }
 
     /// Runs a plan's schedule on the CPU with this recording's payloads.
     fn replay_plan_cpu(&mut self, plan: &StepPlan) -> Result<InFlight, RuntimeError> {
-        let payloads = crate::fusion::replay(std::mem::take(&mut self.payloads), &plan.merges)
-            .ok_or_else(|| {
-                RuntimeError::Usage(
-                    "a step plan's fusion does not apply to an equal recording".into(),
-                )
-            })?;
-        if self.exec.config.graph_diag {
-            print_diag(&plan.schedule);
-        }
+        let payloads = self.replayed_payloads(plan)?;
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
-        let failed = Arc::new(AtomicBool::new(false));
-        let mut jobs = Vec::with_capacity(plan.schedule.command_buffers.len());
-        for cb in &plan.schedule.command_buffers {
-            let job = self.prepare_job(cb, &mut payloads, &failed, false, Some(&plan.labels))?;
-            jobs.push(Arc::new(job));
-        }
+        let jobs = self.prepare_jobs(&plan.schedule, &mut payloads, false, Some(&plan.labels))?;
         crate::counters::LiveCounters::add(&self.exec.counters.planned_commits, 1);
         Ok(self.finish_cpu(jobs, &plan.schedule, None))
     }
@@ -683,7 +689,7 @@ impl<'e> GraphSession<'e> {
         let mut keep_alive = Vec::with_capacity(s.command_buffers.len());
         let mut buffers = BTreeMap::new();
         for cb in &s.command_buffers {
-            let (mut prepared, used) = self.prepare_cuda(cb, &mut payloads)?;
+            let (mut prepared, used) = self.prepare_cuda(cb, &mut payloads, None)?;
             prepared.timed = timed;
             keep_alive.push(prepared.keep_alive.clone());
             buffers.extend(used);
@@ -694,9 +700,13 @@ impl<'e> GraphSession<'e> {
         }
         let keys: Option<Vec<u64>> = keys.into_iter().collect();
         if let (Some(snapshot), Some(keys)) = (snapshot, keys) {
-            let labels = self.labels();
-            let device = (keys, keep_alive, buffers.into_iter().collect());
-            self.store_plan(snapshot, dead, strategy, merges, &s, labels, device);
+            let plan = StepPlan {
+                keys,
+                keep_alive,
+                buffers: buffers.into_iter().collect(),
+                ..self.new_plan(snapshot, dead, strategy, merges, &s)
+            };
+            self.keep_plan(plan);
         }
         Ok((self.finish_cuda(works, &s, Some(submit_start)), s))
     }
@@ -708,13 +718,7 @@ impl<'e> GraphSession<'e> {
         cuda: &Arc<crate::cuda::CudaBackend>,
         plan: &StepPlan,
     ) -> Result<InFlight, RuntimeError> {
-        let payloads = std::mem::take(&mut self.payloads);
-        let payloads = crate::fusion::replay(payloads, &plan.merges).ok_or_else(|| {
-            RuntimeError::Usage("a step plan's fusion does not apply to an equal recording".into())
-        })?;
-        if self.exec.config.graph_diag {
-            print_diag(&plan.schedule);
-        }
+        let payloads = self.replayed_payloads(plan)?;
         let mut works = Vec::with_capacity(plan.keys.len());
         let mut values = Vec::new();
         for (k, cb) in plan.schedule.command_buffers.iter().enumerate() {
@@ -751,24 +755,13 @@ impl<'e> GraphSession<'e> {
     ) -> Result<(), RuntimeError> {
         let supports = |n: &OpNode| cuda.kernels.supports(n).is_ok();
         let (nodes, payloads, fresh) = self.check_plan_core(plan, dead, strategy, &supports)?;
-        // The graphs: prepare the fresh command buffers (labels from the
-        // fresh nodes) and compare their keys.
-        let recorded = std::mem::replace(&mut self.nodes, nodes);
+        // The graphs: prepare the fresh command buffers and compare keys.
+        let labels = node_labels(&nodes);
         let mut fresh_payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         let mut keys = Vec::with_capacity(fresh.command_buffers.len());
-        let mut failed = None;
         for cb in &fresh.command_buffers {
-            match self.prepare_cuda(cb, &mut fresh_payloads) {
-                Ok((prepared, _)) => keys.push(cuda.key_of(&prepared)),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        self.nodes = recorded;
-        if let Some(e) = failed {
-            return Err(e);
+            let (prepared, _) = self.prepare_cuda(cb, &mut fresh_payloads, Some(&labels))?;
+            keys.push(cuda.key_of(&prepared));
         }
         if keys != plan.keys {
             return Err(plan_differs("graph preparation"));
@@ -858,10 +851,13 @@ impl<'e> GraphSession<'e> {
     }
 
     #[cfg(feature = "cuda")]
+    /// `labels`: the nodes' labels and layers by index, when they are not
+    /// this session's (as in [`prepare_job`](Self::prepare_job)).
     fn prepare_cuda(
         &mut self,
         cb: &weft_graph::CommandBufferSchedule,
         payloads: &mut [Option<OpNode>],
+        labels: Option<&[(Label, Option<u32>)]>,
     ) -> Result<(crate::cuda::CudaCommandBuffer, UsedBuffers), RuntimeError> {
         use weft_kernels::cuda::DeviceTensor;
         let mut keep = BTreeMap::new();
@@ -910,14 +906,15 @@ impl<'e> GraphSession<'e> {
                     }
                 }
             }
-            let label = self.nodes[i].label.to_string();
+            let (label, layer) = self.label_of(i, labels);
+            let label = label.to_string();
             let fail = self.take_fault(&label);
             nodes.push(crate::cuda::CudaNode {
                 node,
                 ins,
                 outs,
                 label,
-                layer: self.nodes[i].layer,
+                layer,
                 fail,
             });
         }
@@ -1014,10 +1011,7 @@ impl<'e> GraphSession<'e> {
                 .map(&mut resolve)
                 .collect::<Result<Vec<_>, _>>()?;
             let split = cpu::work_split(&node, threads);
-            let (label, layer) = match labels {
-                Some(l) => l[i].clone(),
-                None => (self.nodes[i].label.clone(), self.nodes[i].layer),
-            };
+            let (label, layer) = self.label_of(i, labels);
             let fail = self.take_fault(&label);
             prepared.push(PreparedNode {
                 node,
@@ -1040,6 +1034,15 @@ impl<'e> GraphSession<'e> {
             timed,
             self.exec.epoch,
         ))
+    }
+
+    /// Node `i`'s label and layer: from `labels` when given, else this
+    /// session's node.
+    fn label_of(&self, i: usize, labels: Option<&[(Label, Option<u32>)]>) -> (Label, Option<u32>) {
+        match labels {
+            Some(l) => l[i].clone(),
+            None => (self.nodes[i].label.clone(), self.nodes[i].layer),
+        }
     }
 
     fn take_fault(&mut self, label: &str) -> bool {
@@ -1111,13 +1114,10 @@ fn collect_timings(jobs: &[Arc<Job>]) -> Vec<NodeTiming> {
     out
 }
 
-/// CUDA's part of a plan: graph keys, storage kept per command buffer,
-/// buffers pointed into (all empty on the CPU).
-type DevicePlan = (
-    Vec<u64>,
-    Vec<Vec<Arc<crate::memory::Storage>>>,
-    Vec<(BufferId, Arc<crate::memory::Storage>)>,
-);
+/// Labels and layers of `nodes`, by index.
+fn node_labels(nodes: &[Node]) -> Vec<(Label, Option<u32>)> {
+    nodes.iter().map(|n| (n.label.clone(), n.layer)).collect()
+}
 
 fn plan_differs(what: &str) -> RuntimeError {
     RuntimeError::Usage(format!(

@@ -3,6 +3,7 @@
 
 use super::{driver, CudaBackend, DeviceBuffer, BRANCH_STREAMS};
 use crate::memory::Storage;
+use crate::trace::DeviceSpan;
 use crate::RuntimeError;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -49,20 +50,6 @@ struct NodeClock {
     pending: Mutex<Option<TimeSlot>>,
 }
 
-/// One node of a timed command buffer, as a trace shows it.
-#[derive(Clone, Debug)]
-pub(crate) struct DeviceNodeTime {
-    pub label: String,
-    pub op: &'static str,
-    pub layer: Option<u32>,
-    pub level: u32,
-    /// Which of the backend's streams ran it (0 = main).
-    pub stream: usize,
-    /// Microseconds from the backend's clock origin.
-    pub start_us: f64,
-    pub end_us: f64,
-}
-
 /// A captured graph and the device memory it reads per replay.
 pub(crate) struct CachedGraph {
     graph: Mutex<Option<CudaGraph>>,
@@ -74,7 +61,7 @@ pub(crate) struct CachedGraph {
     write_offsets: Vec<Option<(usize, usize)>>,
     _scratch: DeviceBuffer,
     /// Completion of the previous replay (staging may be rewritten after it).
-    last: Mutex<Option<CudaEvent>>,
+    last: Mutex<Option<Arc<CudaEvent>>>,
     clock: Option<NodeClock>,
     /// The backend's clock origin (timed graphs).
     origin: Option<Arc<CudaEvent>>,
@@ -88,18 +75,18 @@ unsafe impl Sync for CachedGraph {}
 
 /// Submitted device work.
 pub(crate) struct CudaWork {
-    done: Option<CudaEvent>,
+    /// Recorded after the launch (also the graph's `last`).
+    done: Option<Arc<CudaEvent>>,
     /// Recorded before the launch: with `done`, the command buffer's span
-    /// on the device, added to `busy` (nanoseconds) once waited for.
+    /// on the device, added to `busy` (nanoseconds) by the first wait.
     start: Option<CudaEvent>,
-    busy: Option<Arc<AtomicU64>>,
-    busy_taken: Mutex<bool>,
+    busy: Mutex<Option<Arc<AtomicU64>>>,
     error: Mutex<Option<RuntimeError>>,
     _keep_alive: Vec<Arc<Storage>>,
     _graph: Option<Arc<CachedGraph>>,
-    /// Timed command buffers: the nodes (label, op, layer, level, stream)
-    /// and where their device times land.
-    timing: Option<(Vec<DeviceNodeTime>, TimeSlot)>,
+    /// Timed command buffers: the nodes as a trace shows them (times still
+    /// zero) and where their device times land.
+    timing: Option<(Vec<DeviceSpan>, TimeSlot)>,
 }
 
 // SAFETY: the event is only synchronized on; everything else is plain data.
@@ -118,8 +105,8 @@ impl CudaWork {
                 label: "command buffer".into(),
                 message: format!("{e:?}"),
             })?;
-            // Counted once: `busy` is taken by the first wait.
-            if let (Some(start), Some(busy)) = (&self.start, self.busy_once()) {
+            let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let (Some(start), Some(busy)) = (&self.start, busy) {
                 // SAFETY: both events are live, timing-enabled and complete.
                 if let Ok(ms) = unsafe { result::event::elapsed(start.cu_event(), ev.cu_event()) } {
                     busy.fetch_add((ms as f64 * 1e6) as u64, Ordering::Relaxed);
@@ -129,22 +116,15 @@ impl CudaWork {
         Ok(())
     }
 
-    fn busy_once(&self) -> Option<Arc<AtomicU64>> {
-        let mut taken = self.busy_taken.lock().unwrap_or_else(|p| p.into_inner());
-        if *taken {
-            return None;
-        }
-        *taken = true;
-        self.busy.clone()
-    }
-
     pub(crate) fn is_done(&self) -> bool {
         self.done.as_ref().is_none_or(|e| e.is_complete())
     }
 
-    /// The device times of a timed command buffer's nodes, once it ran
-    /// (waits for it); empty for untimed or failed work.
-    pub(crate) fn node_times(&self) -> Vec<DeviceNodeTime> {
+    /// The device spans of a timed command buffer's nodes, once it ran
+    /// (waits for it), as command buffer `cb`, with times counted from
+    /// `zero_us` plus the backend's clock origin; empty for untimed or
+    /// failed work.
+    pub(crate) fn node_spans(&self, cb: u64, zero_us: f64) -> Vec<DeviceSpan> {
         let Some((nodes, slot)) = &self.timing else {
             return Vec::new();
         };
@@ -161,9 +141,10 @@ impl CudaWork {
         nodes
             .iter()
             .zip(times)
-            .map(|(n, &(start_us, end_us))| DeviceNodeTime {
-                start_us,
-                end_us,
+            .map(|(n, &(start, end))| DeviceSpan {
+                command_buffer: cb,
+                start_us: zero_us + start,
+                dur_us: end - start,
                 ..n.clone()
             })
             .collect()
@@ -173,8 +154,7 @@ impl CudaWork {
         CudaWork {
             done: None,
             start: None,
-            busy: None,
-            busy_taken: Mutex::new(false),
+            busy: Mutex::new(None),
             error: Mutex::new(Some(e)),
             _keep_alive: keep_alive,
             _graph: None,
@@ -242,17 +222,9 @@ impl CudaBackend {
         }
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
-            Ok(((start, done), graph, slot)) => {
-                let work = Arc::new(CudaWork {
-                    done: Some(done),
-                    start: Some(start),
-                    busy: Some(Arc::clone(&self.busy_ns)),
-                    busy_taken: Mutex::new(false),
-                    error: Mutex::new(None),
-                    timing: slot.map(|slot| (timed_nodes(&cb), slot)),
-                    _keep_alive: cb.keep_alive,
-                    _graph: graph,
-                });
+            Ok((launch, graph, slot)) => {
+                let timing = slot.map(|slot| (timed_nodes(&cb), slot));
+                let work = self.work(launch, graph, timing, cb.keep_alive);
                 (work, self.has_graph(key).then_some(key))
             }
             Err(e) => (Arc::new(CudaWork::failed(e, cb.keep_alive)), None),
@@ -290,7 +262,7 @@ impl CudaBackend {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned()?;
-        let run = || -> Result<(CudaEvent, CudaEvent), RuntimeError> {
+        let run = || -> Result<(CudaEvent, Arc<CudaEvent>), RuntimeError> {
             self.load_values(&graph, values, writes)?;
             let g = graph.graph.lock().unwrap_or_else(|p| p.into_inner());
             let g = g.as_ref().ok_or_else(|| {
@@ -299,23 +271,39 @@ impl CudaBackend {
             let start = self.timing_event()?;
             g.launch().map_err(driver)?;
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
-            *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(self.main.record_event(None).map_err(driver)?);
-            Ok((start, self.timing_event()?))
+            Ok((start, self.launched(&graph)?))
         };
         Some(match run() {
-            Ok((start, done)) => Arc::new(CudaWork {
-                done: Some(done),
-                start: Some(start),
-                busy: Some(Arc::clone(&self.busy_ns)),
-                busy_taken: Mutex::new(false),
-                error: Mutex::new(None),
-                timing: None,
-                _keep_alive: keep_alive,
-                _graph: Some(graph),
-            }),
+            Ok(launch) => self.work(launch, Some(graph), None, keep_alive),
             Err(e) => Arc::new(CudaWork::failed(e, keep_alive)),
         })
+    }
+
+    /// Work in flight from a launch's (start, done) events.
+    fn work(
+        &self,
+        (start, done): (CudaEvent, Arc<CudaEvent>),
+        graph: Option<Arc<CachedGraph>>,
+        timing: Option<(Vec<DeviceSpan>, TimeSlot)>,
+        keep_alive: Vec<Arc<Storage>>,
+    ) -> Arc<CudaWork> {
+        Arc::new(CudaWork {
+            done: Some(done),
+            start: Some(start),
+            busy: Mutex::new(Some(Arc::clone(&self.busy_ns))),
+            error: Mutex::new(None),
+            _keep_alive: keep_alive,
+            _graph: graph,
+            timing,
+        })
+    }
+
+    /// After a launch: the event that marks its end, also kept as the
+    /// graph's `last` (its memory may be rewritten once that completed).
+    fn launched(&self, graph: &CachedGraph) -> Result<Arc<CudaEvent>, RuntimeError> {
+        let done = Arc::new(self.timing_event()?);
+        *graph.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&done));
+        Ok(done)
     }
 
     #[allow(clippy::type_complexity)]
@@ -325,7 +313,7 @@ impl CudaBackend {
         key: u64,
     ) -> Result<
         (
-            (CudaEvent, CudaEvent),
+            (CudaEvent, Arc<CudaEvent>),
             Option<Arc<CachedGraph>>,
             Option<TimeSlot>,
         ),
@@ -391,9 +379,7 @@ impl CudaBackend {
                 self.stats.eager.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let done = self.timing_event()?;
-        *graph.last.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(self.main.record_event(None).map_err(driver)?);
+        let done = self.launched(&graph)?;
         Ok(((start, done), Some(graph), slot))
     }
 
@@ -655,21 +641,23 @@ fn mark(event: &CudaEvent, stream: &CudaStream, capturing: bool) -> Result<(), R
         .map_err(driver)
 }
 
-/// Which stream `launch_levels` gives each node, and its level.
-fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceNodeTime> {
+/// Each node as a trace shows it: its level and the stream
+/// `launch_levels` gives it (times filled in once it ran).
+fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceSpan> {
     let mut out = Vec::with_capacity(cb.nodes.len());
     for (level, range) in cb.levels.iter().enumerate() {
         let width = range.len().min(BRANCH_STREAMS);
         for (k, i) in range.clone().enumerate() {
             let n = &cb.nodes[i];
-            out.push(DeviceNodeTime {
+            out.push(DeviceSpan {
                 label: n.label.clone(),
                 op: n.node.op.name(),
                 layer: n.layer,
                 level: level as u32,
+                command_buffer: 0,
                 stream: k % width,
                 start_us: 0.0,
-                end_us: 0.0,
+                dur_us: 0.0,
             });
         }
     }
