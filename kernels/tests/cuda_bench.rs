@@ -372,11 +372,11 @@ fn kernel_timings_at_smollm2_shapes() {
             let (graph, eager) = time_case(g, case);
             let name = "  same, sequential f64 sum";
             println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
-            // And with a tree sum (not bit-exact by construction).
-            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "tree");
+            // And with the exact parallel scheme.
+            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "parallel");
             let (graph, eager) = time_case(g, case);
             std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
-            let name = "  same, tree f64 sum";
+            let name = "  same, exact parallel f64 sum";
             println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
         }
     }

@@ -361,32 +361,66 @@ DEV double seq_sum_plain(Term term, int n) {
     return __shfl_sync(FULL_MASK, s, 0);
 }
 
-// A plain tree sum over the warp (lanes stride the row, then a butterfly,
-// which gives every lane the same value). Not the CPU's order, so not
-// bit-exact by construction: the f64 sum differs by a few units in its last
-// place, which the f32 rounding of a mean or scale almost always hides.
+// A tree sum over the warp (lanes stride the row, then a butterfly, which
+// gives every lane the same value), with the sum of |term| beside it.
 template <class Term>
-DEV double tree_sum(Term term, int n) {
+DEV void tree_sum(Term term, int n, double* sum, double* abs_sum) {
     const int lane = threadIdx.x & 31;
-    double s0 = 0.0, s1 = 0.0;
+    double s0 = 0.0, s1 = 0.0, a0 = 0.0, a1 = 0.0;
     int i = lane;
     for (; i + 32 < n; i += 64) {
-        s0 += term(i);
-        s1 += term(i + 32);
+        const double t0 = term(i), t1 = term(i + 32);
+        s0 += t0;
+        s1 += t1;
+        a0 += fabs(t0);
+        a1 += fabs(t1);
     }
-    if (i < n) s0 += term(i);
-    double s = s0 + s1;
+    if (i < n) {
+        const double t0 = term(i);
+        s0 += t0;
+        a0 += fabs(t0);
+    }
+    double s = s0 + s1, a = a0 + a1;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
-    return s;
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(FULL_MASK, s, o);
+        a += __shfl_xor_sync(FULL_MASK, a, o);
+    }
+    *sum = s;
+    *abs_sum = a;
 }
 
-// `method` 0: the exact parallel scheme, 1: lane 0 in order, 2: a tree sum
-// (fast, not bit-exact by construction).
-template <class Term>
-DEV double seq_sum(Term term, int n, SeqSumScratch* sc, int method) {
-    if (method == 2) return tree_sum(term, n);
-    return method == 1 ? seq_sum_plain(term, n) : seq_sum_nonneg(term, n, sc);
+// How a row kernel reproduces the CPU's sequential f64 sum (`method`, chosen
+// by F64_SUM_ENV on the host): 0 the exact parallel scheme above, 1 lane 0
+// in order, 3 bounded (below).
+#define SUM_PARALLEL 0
+#define SUM_SEQUENTIAL 1
+#define SUM_BOUNDED 3
+
+// `finish(sum)` for the CPU's sequential f64 sum of term(i), i in [0, n):
+// the f32 a kernel derives from the sum (a mean, a reciprocal). `finish`
+// must be monotone (either way); every lane gets the result.
+//
+// SUM_BOUNDED: any order of summing n doubles lies within (n - 1) 2^-53 of
+// sum |term| of the exact sum, so the CPU's sum lies within twice that of a
+// tree sum. When `finish` maps both ends of that interval to the same f32,
+// that f32 is the CPU's (monotone); otherwise (the f32 within ~n 2^-52 of a
+// rounding boundary, about one row in a million) lane 0 sums in order.
+template <class Term, class Finish>
+DEV float seq_sum_finish(Term term, int n, SeqSumScratch* sc, int method, Finish finish,
+                         bool* fell_back = nullptr) {
+    if (fell_back) *fell_back = false;
+    if (method == SUM_BOUNDED) {
+        double s, a;
+        tree_sum(term, n, &s, &a);
+        const double margin = a * ((double)(n + 2) * 0x1p-51);  // twice the bound, and more
+        const float lo = finish(s - margin), hi = finish(s + margin);
+        if (__float_as_uint(lo) == __float_as_uint(hi)) return lo;
+        if (fell_back) *fell_back = true;
+        return finish(seq_sum_plain(term, n));
+    }
+    return finish(method == SUM_SEQUENTIAL ? seq_sum_plain(term, n)
+                                           : seq_sum_nonneg(term, n, sc));
 }
 
 // Copies a row into shared memory (when `stage` is not null), issuing 16

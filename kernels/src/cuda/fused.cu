@@ -76,8 +76,9 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
         const float v = xr[i];
         return (double)(v * v);
     };
-    const double sum = seq_sum(term, cols, &scratch, method);
-    const float mean = __double2float_rn(sum / (double)cols);
+    const float mean = seq_sum_finish(term, cols, &scratch, method, [&](double sum) {
+        return __double2float_rn(sum / (double)cols);
+    });
     const float scale = 1.0f / sqrtf(mean + eps);
     auto val = [&](int e) -> float { return (xr[e] * scale) * w[e]; };
     quant_row_warp<F>(val, out + (size_t)r * act_row_bytes(F, cols), cols);

@@ -78,7 +78,7 @@ pub(super) unsafe fn rms_norm_quantize(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
+            Arg::I32(super::launch::f64_sum_method(OP)?),
         ],
         OP,
     )
@@ -127,7 +127,7 @@ pub(super) unsafe fn add_rms_norm_quantize(
             Arg::F32(eps),
             Arg::I32(broadcast as i32),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
+            Arg::I32(super::launch::f64_sum_method(OP)?),
         ],
         OP,
     )

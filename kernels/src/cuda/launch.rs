@@ -41,37 +41,25 @@ pub(crate) fn row_stage(cols: usize) -> (u32, i32) {
 }
 
 /// The environment variable choosing how the row kernels reproduce the
-/// CPU's sequential f64 sums: `sequential` (one lane, in order), `parallel`
-/// (the exact parallel scheme of common.cu) or `auto` (the default:
-/// sequential up to [`SEQUENTIAL_SUM_MAX_COLS`] columns, parallel above).
-/// These give the CPU's bits; they differ only in speed (H200, 576 columns:
-/// sequential 8.2 µs, parallel 10.9 µs per rms_norm node). `tree` is a
-/// plain parallel sum instead: faster, and no longer bit-exact by
-/// construction (the f64 sum moves by a few units in its last place; the
-/// f32 mean or scale computed from it almost always rounds the same).
+/// CPU's sequential f64 sums (rms_norm, layer_norm, softmax): `bounded` (the
+/// default, also `auto`: a tree sum whose error bound decides the f32 the
+/// kernel needs, with lane 0 summing in order in the rare row where it
+/// cannot), `sequential` (lane 0 in order) or `parallel` (the exact parallel
+/// scheme of common.cu). All three give the CPU's bits; they differ only in
+/// speed (H200, 576 columns: sequential 8.2 µs, parallel 10.9 µs per
+/// rms_norm node, bounded about the cost of a plain tree sum).
 pub const F64_SUM_ENV: &str = "WEFT_CUDA_F64_SUM";
 
-/// Rows up to this length sum sequentially under `auto`.
-pub const SEQUENTIAL_SUM_MAX_COLS: usize = 1024;
-
-/// The kernels' `method` argument (0 parallel, 1 sequential, 2 tree) for
-/// a row of `cols` under [`F64_SUM_ENV`].
-pub(crate) fn f64_sum_method(op: &'static str, cols: usize) -> Result<i32, OpError> {
-    let auto = || {
-        if cols <= SEQUENTIAL_SUM_MAX_COLS {
-            1
-        } else {
-            0
-        }
-    };
+/// The kernels' `method` argument (common.cu's `SUM_*`) under
+/// [`F64_SUM_ENV`].
+pub(crate) fn f64_sum_method(op: &'static str) -> Result<i32, OpError> {
     match std::env::var(F64_SUM_ENV).as_deref() {
-        Err(_) | Ok("auto") => Ok(auto()),
+        Err(_) | Ok("auto") | Ok("bounded") => Ok(3),
         Ok("parallel") => Ok(0),
         Ok("sequential") => Ok(1),
-        Ok("tree") => Ok(2),
         Ok(other) => Err(bad_call(
             op,
-            format!("{F64_SUM_ENV}={other:?} is not one of: auto, parallel, sequential, tree"),
+            format!("{F64_SUM_ENV}={other:?} is not one of: auto, bounded, sequential, parallel"),
         )),
     }
 }

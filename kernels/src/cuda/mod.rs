@@ -22,8 +22,9 @@
 //! the same bits as the CPU kernels, which reproduce llama.cpp's x86
 //! arithmetic: every fused multiply-add is written out (NVRTC runs with
 //! `--fmad=false`), glibc's `expf` and ggml's `ggml_v_expf` are ported, the
-//! f64 sums of rms_norm and softmax are reproduced exactly (in order by one
-//! lane, or by an exact parallel scheme for long rows: [`F64_SUM_ENV`]).
+//! f64 sums of rms_norm and softmax are reproduced exactly (a tree sum whose
+//! error bound fixes the f32 result, or in order by one lane where it
+//! cannot: [`F64_SUM_ENV`]).
 //! The other weight formats follow the CPU's order too. Exceptions:
 //! soft-capped attention scores (CUDA's `tanhf`) and rope positions past the
 //! uploaded table (CUDA's `cosf`/`sinf`) are within a few ulp, not
@@ -45,7 +46,7 @@ mod rows;
 mod softmax;
 
 pub use cudarc;
-pub use launch::{F64_SUM_ENV, SEQUENTIAL_SUM_MAX_COLS};
+pub use launch::F64_SUM_ENV;
 pub use module::PTX_CACHE_ENV;
 pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
@@ -420,17 +421,39 @@ pub mod testing {
         stream: &Arc<CudaStream>,
         ts: &[f64],
     ) -> Result<(f64, bool), OpError> {
-        let err = |e| driver_error("test", "seq_sum", e);
+        run_sum_hook(k, stream, "test_seq_sum", ts)
+    }
+
+    /// `(s / n) as f32` for the sequential sum `s` of `ts` (n terms) by the
+    /// bounded method, and whether it fell back to summing in order.
+    pub fn bounded_mean(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        ts: &[f64],
+    ) -> Result<(f32, bool), OpError> {
+        let (m, fell_back) = run_sum_hook(k, stream, "test_bounded_mean", ts)?;
+        Ok((m as f32, fell_back))
+    }
+
+    /// Runs a one-warp sum hook: `name(ts, out, n)` writes a value and a
+    /// fallback flag as two doubles.
+    fn run_sum_hook(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        name: &str,
+        ts: &[f64],
+    ) -> Result<(f64, bool), OpError> {
+        let err = |e| driver_error("test", "sum hook", e);
         let t = stream.clone_htod(ts).map_err(err)?;
         let mut out = stream.alloc_zeros::<f64>(2).map_err(err)?;
         {
             let (tp, _a) = t.device_ptr(stream);
             let (op, _b) = out.device_ptr_mut(stream);
-            // SAFETY: `t` holds ts.len() doubles, `out` one.
+            // SAFETY: `t` holds ts.len() doubles, `out` two.
             unsafe {
                 launch(
                     stream,
-                    k.fns.get("test", "test_seq_sum")?,
+                    k.fns.get("test", name)?,
                     (1, 1, 1),
                     32,
                     0,

@@ -5,7 +5,12 @@ use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
 use weft_ops::OpError;
 
-pub(super) const KERNELS: &[&str] = &["rms_norm", "layer_norm", "test_seq_sum"];
+pub(super) const KERNELS: &[&str] = &[
+    "rms_norm",
+    "layer_norm",
+    "test_seq_sum",
+    "test_bounded_mean",
+];
 
 /// # Safety
 /// See [`CudaKernels::launch`].
@@ -38,7 +43,7 @@ pub(super) unsafe fn rms_norm(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
+            Arg::I32(super::launch::f64_sum_method(OP)?),
         ],
         OP,
     )
@@ -76,7 +81,7 @@ pub(super) unsafe fn layer_norm(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP, x.tensor.cols())?),
+            Arg::I32(super::launch::f64_sum_method(OP)?),
         ],
         OP,
     )

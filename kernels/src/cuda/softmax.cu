@@ -1,5 +1,5 @@
 // Row softmax of x * scale as the CPU computes it: the max in f32, glibc's
-// expf, the sum in f64 in index order (exact scheme), then 1 / sum in f64
+// expf, the sum in f64 in index order (reproduced by `seq_sum_finish`), then 1 / sum in f64
 // rounded to f32 and one multiply. One warp per row.
 
 extern "C" __global__ void __launch_bounds__(32)
@@ -23,8 +23,8 @@ extern "C" __global__ void __launch_bounds__(32)
     auto term = [&](int i) -> double {
         return (double)(terms ? terms[i] : glibc_expf(xr[i] * scale - mx));
     };
-    const double sum = seq_sum(term, cols, &scratch, method);
-    const float inv = __double2float_rn(1.0 / sum);
+    const float inv = seq_sum_finish(term, cols, &scratch, method,
+                                     [](double sum) { return __double2float_rn(1.0 / sum); });
     float* o = out + (size_t)r * cols;
 #pragma unroll 4
     for (int c = lane; c < cols; c += 32) o[c] = (terms ? terms[c] : glibc_expf(xr[c] * scale - mx)) * inv;
