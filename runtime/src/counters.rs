@@ -1,6 +1,7 @@
 //! Counters kept apart, as the seed runtime did: dispatches, barriers,
 //! command buffers, commits (and those that reused a step plan), waits,
-//! pool allocations.
+//! pool allocations; and the host's time in each part of a step (recording,
+//! submitting, waiting, reading back), which bounds decode on a GPU.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,6 +15,10 @@ pub(crate) struct LiveCounters {
     pub waits: AtomicU64,
     pub pool_allocations: AtomicU64,
     pub planned_commits: AtomicU64,
+    pub record_ns: AtomicU64,
+    pub submit_ns: AtomicU64,
+    pub wait_ns: AtomicU64,
+    pub read_ns: AtomicU64,
 }
 
 /// A snapshot of an executor's counters.
@@ -34,6 +39,15 @@ pub struct Counters {
     /// Commits that reused the previous recording's plan (fusion,
     /// schedule, captured graphs) instead of making one (GPU backends).
     pub planned_commits: u64,
+    /// Host nanoseconds recording sessions (begin to commit).
+    pub record_ns: u64,
+    /// Host nanoseconds in commit: fusion, scheduling (or reusing a plan),
+    /// encoding or replaying, submitting.
+    pub submit_ns: u64,
+    /// Host nanoseconds waiting for submitted work.
+    pub wait_ns: u64,
+    /// Host nanoseconds reading tensors back.
+    pub read_ns: u64,
 }
 
 impl LiveCounters {
@@ -47,11 +61,20 @@ impl LiveCounters {
             waits: g(&self.waits),
             pool_allocations: g(&self.pool_allocations),
             planned_commits: g(&self.planned_commits),
+            record_ns: g(&self.record_ns),
+            submit_ns: g(&self.submit_ns),
+            wait_ns: g(&self.wait_ns),
+            read_ns: g(&self.read_ns),
         }
     }
 
     pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds the time since `start` to `c`, in nanoseconds.
+    pub(crate) fn add_since(c: &AtomicU64, start: std::time::Instant) {
+        Self::add(c, start.elapsed().as_nanos() as u64);
     }
 }
 
@@ -66,6 +89,10 @@ impl std::ops::Sub for Counters {
             waits: self.waits - o.waits,
             pool_allocations: self.pool_allocations - o.pool_allocations,
             planned_commits: self.planned_commits - o.planned_commits,
+            record_ns: self.record_ns - o.record_ns,
+            submit_ns: self.submit_ns - o.submit_ns,
+            wait_ns: self.wait_ns - o.wait_ns,
+            read_ns: self.read_ns - o.read_ns,
         }
     }
 }

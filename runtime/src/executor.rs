@@ -287,6 +287,13 @@ impl GraphExecutor {
 
     /// Copies a tensor's bytes to the host, after in-flight work completes.
     pub fn read_bytes(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
+        let start = std::time::Instant::now();
+        let bytes = self.read_bytes_now(t);
+        LiveCounters::add_since(&self.counters.read_ns, start);
+        bytes
+    }
+
+    fn read_bytes_now(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         self.synchronize();
         let e = self.entry(t.buffer)?;
         let range = t.offset as usize..(t.offset + t.bytes()) as usize;

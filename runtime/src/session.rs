@@ -1,6 +1,7 @@
 //! Recording sessions: the [`Recorder`] model code records into, and the
 //! path from a recording to submitted command buffers.
 
+use crate::counters::LiveCounters;
 use crate::executor::GraphExecutor;
 use crate::plan::StepPlan;
 use crate::pool::PoolScope;
@@ -393,13 +394,31 @@ impl<'e> GraphSession<'e> {
         }
     }
 
+    /// [`Self::submit_timed`], its host time counted as recording (from
+    /// `begin`) and submitting.
     fn submit(
-        mut self,
+        self,
         strategy: Option<Strategy>,
         timed: bool,
     ) -> Result<(InFlight, Schedule), RuntimeError> {
+        let start = Instant::now();
+        let counters = Arc::clone(&self.exec.counters);
+        LiveCounters::add(
+            &counters.record_ns,
+            (start - self.started).as_nanos() as u64,
+        );
+        let result = self.submit_timed(strategy, timed, start);
+        LiveCounters::add_since(&counters.submit_ns, start);
+        result
+    }
+
+    fn submit_timed(
+        mut self,
+        strategy: Option<Strategy>,
+        timed: bool,
+        submit_start: Instant,
+    ) -> Result<(InFlight, Schedule), RuntimeError> {
         let timed = timed || self.exec.trace.is_some();
-        let submit_start = Instant::now();
         self.exec.last_recording_len = self.nodes.len();
         #[cfg(feature = "cuda")]
         if let Some(cuda) = self.exec.cuda.clone() {
@@ -595,7 +614,7 @@ impl<'e> GraphSession<'e> {
         let payloads = self.replayed_payloads(plan)?;
         let mut payloads: Vec<Option<OpNode>> = payloads.into_iter().map(Some).collect();
         let jobs = self.prepare_jobs(&plan.schedule, &mut payloads, false, Some(&plan.labels))?;
-        crate::counters::LiveCounters::add(&self.exec.counters.planned_commits, 1);
+        LiveCounters::add(&self.exec.counters.planned_commits, 1);
         Ok(self.finish_cpu(jobs, &plan.schedule, None))
     }
 
@@ -607,8 +626,8 @@ impl<'e> GraphSession<'e> {
         submit_start: Option<(Instant, Instant)>,
     ) -> InFlight {
         let counters = Arc::clone(&self.exec.counters);
-        crate::counters::LiveCounters::add(&counters.commits, 1);
-        crate::counters::LiveCounters::add(&counters.command_buffers, jobs.len() as u64);
+        LiveCounters::add(&counters.commits, 1);
+        LiveCounters::add(&counters.command_buffers, jobs.len() as u64);
         for job in &jobs {
             self.exec.pool.submit(Arc::clone(job));
         }
@@ -737,7 +756,7 @@ impl<'e> GraphSession<'e> {
             works.push(work);
             self.count_command_buffer(cb);
         }
-        crate::counters::LiveCounters::add(&self.exec.counters.planned_commits, 1);
+        LiveCounters::add(&self.exec.counters.planned_commits, 1);
         Ok(self.finish_cuda(works, &plan.schedule, None))
     }
 
@@ -772,8 +791,8 @@ impl<'e> GraphSession<'e> {
     #[cfg(feature = "cuda")]
     fn count_command_buffer(&self, cb: &weft_graph::CommandBufferSchedule) {
         let c = &self.exec.counters;
-        crate::counters::LiveCounters::add(&c.dispatches, cb.nodes.len() as u64);
-        crate::counters::LiveCounters::add(&c.barriers, cb.level_count().saturating_sub(1) as u64);
+        LiveCounters::add(&c.dispatches, cb.nodes.len() as u64);
+        LiveCounters::add(&c.barriers, cb.level_count().saturating_sub(1) as u64);
     }
 
     /// Counters, pool scopes and the trace after a CUDA submission.
@@ -785,8 +804,8 @@ impl<'e> GraphSession<'e> {
         submit_start: Option<(Instant, Instant)>,
     ) -> InFlight {
         let counters = Arc::clone(&self.exec.counters);
-        crate::counters::LiveCounters::add(&counters.commits, 1);
-        crate::counters::LiveCounters::add(&counters.command_buffers, works.len() as u64);
+        LiveCounters::add(&counters.commits, 1);
+        LiveCounters::add(&counters.command_buffers, works.len() as u64);
         self.end_scopes();
         // The host track (record, fuse + schedule, submit, drain); the
         // device's streams come from the timed works when the trace is taken.

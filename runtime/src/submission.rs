@@ -32,6 +32,7 @@ impl InFlight {
         LiveCounters::add(&self.counters.waits, 1);
         let start = Instant::now();
         let result = self.wait_jobs();
+        LiveCounters::add_since(&self.counters.wait_ns, start);
         if let Some((sink, epoch)) = &self.trace {
             #[allow(unused_mut)]
             let mut command_buffers = self.jobs.len();

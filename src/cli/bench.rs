@@ -111,6 +111,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .fold((0.0, 0.0), |(b, w), (x, y)| (b + x, w + y));
         (busy * 1e3 / n, wall * 1e3 / n)
     });
+    // Host microseconds per decode token in each part of a step (last run).
+    let host = tg_counters.map(|c| {
+        let us = |ns: u64| ns as f64 / 1e3 / a.tg.max(1) as f64;
+        serde_json::json!({
+            "record": us(c.record_ns),
+            "submit": us(c.submit_ns),
+            "wait": us(c.wait_ns),
+            "read": us(c.read_ns),
+        })
+    });
     if a.json {
         let v = serde_json::json!({
             "model": model.name,
@@ -122,6 +132,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "planned_steps_per_token": tg_counters.map(|c| c.planned_commits as f64 / a.tg.max(1) as f64),
             "tg_device_ms_per_token": split.map(|s| s.0),
             "tg_wall_ms_per_token": split.map(|s| s.1),
+            "tg_host_us_per_token": host,
             "threads": exec.threads(),
             "reorder": exec.config().reorder,
             "pp_tokens": a.pp,
@@ -160,6 +171,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 println!(
                     "per decode token: device busy {busy:.3} ms of {wall:.3} ms ({:.0} %); the rest is host work",
                     100.0 * busy / wall
+                );
+            }
+            if let Some(h) = &host {
+                let f = |k: &str| h[k].as_f64().unwrap_or(0.0);
+                println!(
+                    "host per decode token: record {:.0} us, submit {:.0} us, wait {:.0} us, read back {:.0} us",
+                    f("record"),
+                    f("submit"),
+                    f("wait"),
+                    f("read")
                 );
             }
         }
