@@ -74,12 +74,11 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
     for (; i < n; i += nt) d[i] = s[i];
 }
 
-// Decode (one token): eight lanes per weight row, 32 rows per block. The
-// activation row is staged in shared memory; each thread issues the loads
-// of up to MV_CHUNK blocks of its row before using any.
-#define MV_CHUNK 24
-
-template <class F>
+// Decode (one token): eight lanes per weight row, blockDim / 8 rows per
+// block. The activation row is staged in shared memory; each thread issues
+// the loads of up to MV_CHUNK blocks of its row before using any (24, or 48
+// for long rows: their second round of loads would cost a memory latency).
+template <class F, int MV_CHUNK>
 DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
     extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
@@ -504,7 +503,11 @@ DEV void mm_float_tiny(const u8* w, const u8* act, float* out, int m, int n, int
 #define MV_ENTRY(NAME, F)                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const u8* w, const u8* act, float* out, int m, int n, int nb) {                   \
-        mv_block32<F>(w, act, out, m, nb);                                                     \
+        mv_block32<F, 24>(w, act, out, m, nb);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        NAME##_long(const u8* w, const u8* act, float* out, int m, int n, int nb) {            \
+        mv_block32<F, 48>(w, act, out, m, nb);                                                 \
     }
 MV_ENTRY(mm_q4_0_t1, FmtQ4_0)
 MV_ENTRY(mm_q4_1_t1, FmtQ4_1)

@@ -12,12 +12,16 @@ use weft_ops::{DType, OpError, OpNode};
 
 pub(super) const KERNELS: &[&str] = &[
     "mm_q4_0_t1",
+    "mm_q4_0_t1_long",
     "mm_q4_0_t8",
     "mm_q4_1_t1",
+    "mm_q4_1_t1_long",
     "mm_q4_1_t8",
     "mm_q5_0_t1",
+    "mm_q5_0_t1_long",
     "mm_q5_0_t8",
     "mm_q8_0_t1",
+    "mm_q8_0_t1_long",
     "mm_q8_0_t8",
     "mm_q4_k_t1",
     "mm_q4_k_t4",
@@ -75,12 +79,16 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
 /// long rows (their limit is raised at load).
 pub(super) const LARGE_SHARED: &[&str] = &[
     "mm_q4_0_t1",
+    "mm_q4_0_t1_long",
     "mm_q4_0_t8",
     "mm_q4_1_t1",
+    "mm_q4_1_t1_long",
     "mm_q4_1_t8",
     "mm_q5_0_t1",
+    "mm_q5_0_t1_long",
     "mm_q5_0_t8",
     "mm_q8_0_t1",
+    "mm_q8_0_t1_long",
     "mm_q8_0_t8",
 ];
 
@@ -90,7 +98,18 @@ struct Plan {
     rows_per_block: usize,
     tokens_per_block: usize,
     shared_bytes: usize,
+    threads: u32,
 }
+
+/// Blocks of a row a decode matvec thread loads in one round (`matmul.cu`'s
+/// MV_CHUNK of the short kernel); longer rows take the `_long` kernel.
+const MV_SHORT_BLOCKS: usize = 24;
+
+/// Weight rows per block of a decode matvec (eight threads each). Fewer
+/// rows per block spread a matrix over more SMs; eight measured best on the
+/// H200 for SmolLM2's shapes (192 to 1536 rows: 2.7-5.0 µs, against
+/// 3.1-5.8 µs at 32 rows per block).
+const MV_ROWS_PER_BLOCK: usize = 8;
 
 fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
     let tt = if n == 1 { 1 } else { TOKENS_PER_THREAD };
@@ -99,15 +118,23 @@ fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
         rows_per_block,
         tokens_per_block: tokens,
         shared_bytes: 0,
+        threads: 256,
     };
     let block32 = |name: &str| {
         let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
         if n == 1 {
+            let long = if k / 32 > MV_SHORT_BLOCKS {
+                "_long"
+            } else {
+                ""
+            };
+            let rows = MV_ROWS_PER_BLOCK;
             Plan {
-                kernel: format!("mm_{name}_t1"),
-                rows_per_block: 32,
+                kernel: format!("mm_{name}_t1{long}"),
+                rows_per_block: rows,
                 tokens_per_block: 1,
                 shared_bytes: act_row,
+                threads: 8 * rows as u32,
             }
         } else {
             Plan {
@@ -115,6 +142,7 @@ fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
                 rows_per_block: 64,
                 tokens_per_block: 8,
                 shared_bytes: 8 * act_row,
+                threads: 256,
             }
         }
     };
@@ -209,7 +237,7 @@ pub(super) unsafe fn launch(
         stream,
         f,
         (m.div_ceil(p.rows_per_block) as u32, grid_y as u32, 1),
-        256,
+        p.threads,
         p.shared_bytes as u32,
         &[
             Arg::Ptr(w.ptr),
