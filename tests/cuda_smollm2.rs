@@ -140,6 +140,57 @@ fn greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
     );
 }
 
+/// Greedy decoding one step ahead on CUDA (each step's argmax fed to the
+/// next on the device): llama.cpp's continuations on the reference
+/// prompts, and a 600-token decode (past both attention variants) with the
+/// same ids as the CPU's one-step-ahead decode.
+#[test]
+fn pipelined_greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let (mut gpu, model) = load(Device::Cuda(0));
+    let (mut cpu, cpu_model) = load(Device::Cpu);
+    let reference = common::reference_json("smollm2.json");
+    let decode = |exec: &mut GraphExecutor, m: &Model, ids: &[u32], n: usize| {
+        let (mut cache, logits) = common::prefilled(exec, m, 1024, ids);
+        let first = argmax(&logits) as u32;
+        let mut got = vec![first];
+        m.decode_greedy(exec, &mut cache, first, n - 1, &mut |t| {
+            got.push(t);
+            true
+        })
+        .expect("decode");
+        assert_eq!(cache.position() as usize, ids.len() + n - 1);
+        got
+    };
+    for (i, case) in reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .enumerate()
+    {
+        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
+        let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
+        let got = decode(&mut gpu, &model, &ids, want.len());
+        assert_eq!(got, want, "prompt {i}: pipelined greedy on CUDA");
+    }
+    let ids: Vec<u32> =
+        serde_json::from_value(reference["cases"][1]["prompt_ids"].clone()).expect("ids");
+    let before = gpu.graph_stats().expect("cuda stats");
+    let g = decode(&mut gpu, &model, &ids, 600);
+    let after = gpu.graph_stats().expect("cuda stats");
+    let c = decode(&mut cpu, &cpu_model, &ids, 600);
+    let first_diff = g.iter().zip(&c).position(|(a, b)| a != b);
+    assert_eq!(first_diff, None, "600-token greedy: CUDA and CPU ids part");
+    eprintln!(
+        "600-token pipelined greedy: identical ids; graphs: {} captured, {} replayed, {} eager",
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2
+    );
+}
+
 /// A long greedy decode (past the 256- and 512-cell attention variants, so
 /// one captured graph serves positions whose kernels choose differently on
 /// the device): every step's logits identical to the CPU's.

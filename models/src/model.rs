@@ -189,6 +189,42 @@ impl Model {
         }
     }
 
+    /// [`Model::record`] over token ids already on the device (`ids`: i32,
+    /// one per token of the span, inside the vocabulary). DeepSeek-V4 takes
+    /// its ids from the host only.
+    pub fn record_ids(
+        &self,
+        session: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        rows: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        match &self.family {
+            Family::Llama(m) => m.record_ids(session, cache, span, ids, rows),
+            Family::Gemma3(m) => m.record_ids(session, cache, span, ids, rows),
+            Family::DeepSeek4(_) => Err(ModelError::Unsupported(
+                "deepseek4 steps take their token ids from the host (no device-fed greedy decoding)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Whether steps can take their token ids from the device
+    /// ([`Model::record_ids`], [`Model::decode_greedy`]).
+    pub fn feeds_ids_on_device(&self) -> bool {
+        !matches!(self.family, Family::DeepSeek4(_))
+    }
+
+    /// Rows of the token embedding (ids at or past it cannot be embedded).
+    pub fn embedding_rows(&self) -> usize {
+        match &self.family {
+            Family::Llama(m) => m.token_embd.rows(),
+            Family::Gemma3(m) => m.token_embd.rows(),
+            Family::DeepSeek4(m) => m.config.vocab,
+        }
+    }
+
     /// Prefills `tokens` in chunks (`policy`), each its own transaction, and
     /// returns the logits: of the last token, or of every token.
     pub fn prefill(

@@ -1,6 +1,24 @@
-//! Which logits a step returns. The step itself runs as a cache
-//! transaction through `weft_runtime::cache::run_step`, which holds the
-//! transaction rules for every model family.
+//! Which logits a step returns, and the checks of token ids a step takes
+//! from the device. The step itself runs as a cache transaction through
+//! `weft_runtime::cache::run_step`, which holds the transaction rules for
+//! every model family.
+
+use crate::ModelError;
+use weft_ops::{DType, Tensor};
+use weft_runtime::cache::CacheSpan;
+
+/// Checks that `ids` can feed a step over `span` (i32, one id per token)
+/// and returns the number of tokens.
+pub(crate) fn check_ids(ids: &Tensor, span: &CacheSpan) -> Result<usize, ModelError> {
+    let n = ids.shape.elements();
+    if ids.dtype != DType::I32 || n != span.tokens as usize {
+        return Err(ModelError::Input(format!(
+            "token ids of {} {} for a span of {} tokens (want {} i32)",
+            n, ids.dtype, span.tokens, span.tokens
+        )));
+    }
+    Ok(n)
+}
 
 /// Which positions' logits a step returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

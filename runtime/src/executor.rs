@@ -6,6 +6,7 @@ use crate::counters::{Counters, LiveCounters};
 use crate::memory::{HostBytes, Storage};
 use crate::pool::{PoolScope, PoolStats, Pools};
 use crate::session::{GraphSession, SessionMode};
+use crate::submission::InFlight;
 use crate::threadpool::{Job, ThreadPool};
 use crate::trace::{Trace, TraceState};
 use crate::RuntimeError;
@@ -90,6 +91,8 @@ pub struct GraphExecutor {
     pub(crate) taps: Option<Vec<(String, Tensor)>>,
     /// Collected events while tracing.
     pub(crate) trace: Option<TraceState>,
+    /// Tensors kept by name for the executor's life ([`Self::named_tensor`]).
+    named: std::collections::HashMap<String, Tensor>,
 }
 
 impl GraphExecutor {
@@ -139,6 +142,7 @@ impl GraphExecutor {
             metal,
             taps: None,
             trace: None,
+            named: std::collections::HashMap::new(),
         })
     }
 
@@ -190,6 +194,32 @@ impl GraphExecutor {
         let t = Tensor::new(BufferId(0), 0, dtype, Shape::new(dims))?;
         let id = self.alloc_buffer(t.bytes(), name)?;
         Ok(Tensor { buffer: id, ..t })
+    }
+
+    /// The persistent tensor called `name`, allocated (zeroed) the first
+    /// time: helpers that run many times (greedy decoding's id buffers) keep
+    /// the same buffers, so their steps keep one structure and reuse their
+    /// plans and captured graphs from call to call. Asking again with
+    /// another type or shape is an error.
+    pub fn named_tensor(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        dims: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
+        if let Some(t) = self.named.get(name) {
+            if t.dtype != dtype || t.shape.dims() != dims {
+                return Err(RuntimeError::Usage(format!(
+                    "the named tensor `{name}` is {} {:?}, not {dtype} {dims:?}",
+                    t.dtype,
+                    t.shape.dims()
+                )));
+            }
+            return Ok(*t);
+        }
+        let t = self.alloc_tensor(dtype, dims, name)?;
+        self.named.insert(name.to_string(), t);
+        Ok(t)
     }
 
     /// Wraps read-only host bytes (a memory-mapped file) as a buffer:
@@ -293,8 +323,31 @@ impl GraphExecutor {
         bytes
     }
 
+    /// Waits for `work` alone, not for work submitted after it, and copies
+    /// `t`'s bytes to the host: a pipelined decode reads step `k`'s output
+    /// while step `k + 1` runs. `t` must be written by `work` (or earlier)
+    /// and by nothing submitted after it; the caller keeps to that (step
+    /// outputs in alternating buffers). Backends without a way to read
+    /// beside running work (Metal) wait for everything.
+    pub fn read_after(&mut self, work: InFlight, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
+        work.wait()?;
+        let start = std::time::Instant::now();
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if self.metal.is_some() {
+            return self.read_bytes(t);
+        }
+        let bytes = self.read_unsynchronized(t);
+        LiveCounters::add_since(&self.counters.read_ns, start);
+        bytes
+    }
+
     fn read_bytes_now(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         self.synchronize();
+        self.read_unsynchronized(t)
+    }
+
+    /// `t`'s bytes as they are now (the caller waited for their writer).
+    fn read_unsynchronized(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         let e = self.entry(t.buffer)?;
         let range = t.offset as usize..(t.offset + t.bytes()) as usize;
         if range.end > e.storage.len() {
@@ -304,7 +357,7 @@ impl GraphExecutor {
         }
         #[cfg(feature = "cuda")]
         if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
-            return cuda.download(ptr + range.start as u64, range.len());
+            return cuda.download_now(ptr + range.start as u64, range.len());
         }
         match e.storage.bytes() {
             Some(bytes) => Ok(bytes[range].to_vec()),

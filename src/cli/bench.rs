@@ -1,6 +1,10 @@
 //! `weft bench`: prompt processing and generation speed, measured like
 //! llama-bench: pp = one batch of `pp` random tokens into an empty cache;
-//! tg = `tg` single-token decodes from an empty cache; medians over `reps`.
+//! tg = `tg` single-token decodes from an empty cache: greedy from a random
+//! first token, each step's argmax fed to the next on the device with the
+//! host one step ahead (`Model::decode_greedy`, as `weft run` decodes at
+//! temperature 0), or random tokens step by step for models that take their
+//! ids from the host only; medians over `reps`.
 
 use super::diagnostics::DiagArgs;
 use super::ModelArgs;
@@ -47,6 +51,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut rng = SplitMix64::new(0);
     let whole = ChunkPolicy::single(a.pp.max(1));
     let reps = a.reps.max(1);
+    // Decode as `weft run` does at temperature 0: greedy, each step's argmax
+    // fed to the next on the device, the host one step ahead. Models that
+    // take ids from the host only decode random tokens step by step.
+    let greedy = model.feeds_ids_on_device();
     let diag = a.diag.start(&mut exec)?;
     let mut tg_graphs = None;
     // (device busy, wall) seconds of each measured decode run (GPU only).
@@ -73,9 +81,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let graphs_before = exec.graph_stats();
             let busy_before = exec.device_busy();
             let t = Instant::now();
-            for _ in 0..a.tg {
-                let tok = rng.below(vocab) as u32;
-                model.step(&mut exec, &mut cache, &[tok], LogitRows::Last)?;
+            if greedy {
+                let first = rng.below(vocab) as u32;
+                let n = a.tg as usize;
+                let done = model.decode_greedy(&mut exec, &mut cache, first, n, &mut |_| true)?;
+                anyhow::ensure!(done == n, "greedy decode produced {done} of {n} tokens");
+            } else {
+                for _ in 0..a.tg {
+                    let tok = rng.below(vocab) as u32;
+                    model.step(&mut exec, &mut cache, &[tok], LogitRows::Last)?;
+                }
             }
             let secs = t.elapsed().as_secs_f64();
             if rep > 0 {
@@ -139,6 +154,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "pp_tps": pp,
             "pp_all": pp_tps,
             "tg_tokens": a.tg,
+            "tg_mode": if greedy { "greedy, one step ahead" } else { "random tokens, step by step" },
             "tg_tps": tg,
             "tg_all": tg_tps,
             "barriers_per_token": tg_per.map(|p| p.0),
@@ -165,7 +181,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         if a.tg > 0 {
             if let Some((b, cb, n)) = tg_per {
-                println!("tg{}: {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg);
+                let mode = if greedy {
+                    "greedy, one step ahead"
+                } else {
+                    "random tokens, step by step"
+                };
+                println!("tg{} ({mode}): {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg);
             }
             if let Some((busy, wall)) = split {
                 println!(

@@ -132,11 +132,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut text = String::new();
     let mut decoder = model.tokenizer.stream_decoder(false);
     let mut out = std::io::stdout().lock();
-    let t1 = Instant::now();
-    for i in 0..a.n {
-        let tok = sampler.sample(&logits, &history);
+    // Takes a generated token: false once generation should stop.
+    let mut accept = |tok: u32, history: &mut Vec<u32>| -> Result<bool> {
         if model.tokenizer.is_eog(tok) && !a.ignore_eos {
-            break;
+            return Ok(false);
         }
         generated.push(tok);
         history.push(tok);
@@ -146,18 +145,52 @@ pub fn run(a: RunArgs) -> Result<()> {
             out.write_all(piece.as_bytes())?;
             out.flush()?;
         }
-        if a.stop
+        Ok(!a
+            .stop
             .iter()
-            .any(|s| !s.is_empty() && text.ends_with(s.as_str()))
-        {
-            break;
-        }
-        if i + 1 < a.n {
-            let pos = cache.position();
-            logits = model
-                .step(&mut exec, &mut cache, &[tok], LogitRows::Last)
-                .context("decode step failed")?;
-            diag.after_step(&mut exec, pos..pos + 1)?;
+            .any(|s| !s.is_empty() && text.ends_with(s.as_str())))
+    };
+    // Greedy without a penalty (and without per-step layer dumps) decodes
+    // on the device one step ahead: each step's argmax feeds the next.
+    let on_device = a.temp <= 0.0
+        && a.repeat_penalty == 1.0
+        && a.diag.dump_layers.is_none()
+        && model.feeds_ids_on_device();
+    let t1 = Instant::now();
+    if a.n > 0 {
+        let first = sampler.sample(&logits, &history);
+        if on_device {
+            if accept(first, &mut history)? {
+                let mut failed = None;
+                model
+                    .decode_greedy(&mut exec, &mut cache, first, a.n - 1, &mut |t| {
+                        accept(t, &mut history).unwrap_or_else(|e| {
+                            failed = Some(e);
+                            false
+                        })
+                    })
+                    .context("decode failed")?;
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+            }
+        } else {
+            let mut tok = first;
+            for i in 0..a.n {
+                if i > 0 {
+                    tok = sampler.sample(&logits, &history);
+                }
+                if !accept(tok, &mut history)? {
+                    break;
+                }
+                if i + 1 < a.n {
+                    let pos = cache.position();
+                    logits = model
+                        .step(&mut exec, &mut cache, &[tok], LogitRows::Last)
+                        .context("decode step failed")?;
+                    diag.after_step(&mut exec, pos..pos + 1)?;
+                }
+            }
         }
     }
     let gen_time = t1.elapsed();

@@ -30,19 +30,11 @@ impl Gemma3 {
         tokens: &[u32],
         logits: LogitRows,
     ) -> Result<Tensor, ModelError> {
-        let c = &self.config;
         let n = tokens.len();
         if n != span.tokens as usize {
             return Err(ModelError::Input(format!(
                 "gemma3: {n} tokens for a span of {}",
                 span.tokens
-            )));
-        }
-        if cache.layers().len() != c.layers {
-            return Err(ModelError::Input(format!(
-                "gemma3: a cache of {} layers for a model of {}",
-                cache.layers().len(),
-                c.layers
             )));
         }
         if let Some(bad) = tokens
@@ -56,8 +48,32 @@ impl Gemma3 {
         }
         s.set_layer(None);
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let positions: Vec<i32> = (0..n as i32).map(|i| span.start as i32 + i).collect();
         let ids = s.upload_i32(&ids, "token_ids")?;
+        self.record_ids(s, cache, span, ids, logits)
+    }
+
+    /// [`Gemma3::record_step`] over token ids already on the device (`ids`:
+    /// i32, one per token of the span, inside the vocabulary: an earlier
+    /// step's argmax, say).
+    pub fn record_ids(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let n = crate::step::check_ids(&ids, span)?;
+        if cache.layers().len() != c.layers {
+            return Err(ModelError::Input(format!(
+                "gemma3: a cache of {} layers for a model of {}",
+                cache.layers().len(),
+                c.layers
+            )));
+        }
+        s.set_layer(None);
+        let positions: Vec<i32> = (0..n as i32).map(|i| span.start as i32 + i).collect();
         let positions = s.upload_i32(&positions, "positions")?;
         // The residual stream lives in the session's scope, outside the
         // per-layer scopes, and is updated in place.

@@ -130,6 +130,18 @@ impl KvCache {
     /// refuses (without poisoning) `n = 0`, more than `max_chunk` tokens, a
     /// step past the context length, or a poisoned cache.
     pub fn plan_prefill(&self, n: u32) -> Result<CacheSpan, RuntimeError> {
+        self.plan_ahead(0, n)
+    }
+
+    /// Plans writing `n` tokens after `ahead` tokens that were submitted but
+    /// not yet published (a pipelined decode records step `k + 1` while step
+    /// `k` runs; each is published, in order, once drained). The same
+    /// refusals as [`KvCache::plan_prefill`], with the in-flight tokens
+    /// counted against the context. A step that is never published (its
+    /// rows were written past the published position) is never visible:
+    /// attention only reads published positions and the rows written by its
+    /// own step.
+    pub fn plan_ahead(&self, ahead: u32, n: u32) -> Result<CacheSpan, RuntimeError> {
         self.refuse_if_poisoned("plan a step")?;
         if n == 0 {
             return Err(RuntimeError::Usage(
@@ -142,15 +154,15 @@ impl KvCache {
                 self.config.max_chunk
             )));
         }
-        let end = self.position as u64 + n as u64;
-        if end > self.config.context as u64 {
+        let start = self.position as u64 + ahead as u64;
+        if start + n as u64 > self.config.context as u64 {
             return Err(RuntimeError::Usage(format!(
-                "KV cache: {n} more tokens at position {} exceed the context length of {}; \
+                "KV cache: {n} more tokens at position {start} exceed the context length of {}; \
                  start a new sequence (reset()) or build a longer cache",
-                self.position, self.config.context
+                self.config.context
             )));
         }
-        Ok(CacheSpan::new(self.position, n, &self.layers))
+        Ok(CacheSpan::new(start as u32, n, &self.layers))
     }
 
     /// Plans one decode token. Changes nothing.

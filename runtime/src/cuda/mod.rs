@@ -65,8 +65,9 @@ pub(crate) struct CudaBackend {
     pub stats: GraphStats,
     /// Device time zero of node timings and the host instant it maps to.
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
-    /// Pinned memory that downloads go through.
+    /// Pinned memory that downloads go through, and their stream.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
+    readback_stream: Arc<CudaStream>,
     /// Device time of the command buffers waited for, in nanoseconds.
     pub busy_ns: Arc<AtomicU64>,
 }
@@ -87,6 +88,7 @@ impl CudaBackend {
         let branches = (1..BRANCH_STREAMS)
             .map(|_| ctx.new_stream().map_err(driver))
             .collect::<Result<_, _>>()?;
+        let readback_stream = ctx.new_stream().map_err(driver)?;
         let kernels = CudaKernels::new(Arc::clone(&ctx))?;
         let use_graphs = match std::env::var("WEFT_CUDA_GRAPHS") {
             Err(std::env::VarError::NotPresent) => true,
@@ -108,6 +110,7 @@ impl CudaBackend {
             stats: GraphStats::default(),
             clock: Mutex::new(None),
             readback: Mutex::new(None),
+            readback_stream,
             busy_ns: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -139,11 +142,11 @@ impl CudaBackend {
         self.main.synchronize().map_err(driver)
     }
 
-    /// Copies device bytes to the host after all submitted work.
-    /// Through pinned memory (kept and grown): a decode step's logits come
-    /// back in a fraction of a pageable copy's time.
-    pub(crate) fn download(&self, src: u64, len: usize) -> Result<Vec<u8>, RuntimeError> {
-        self.synchronize()?;
+    /// Copies device bytes to the host as they are now, on the read-back
+    /// stream (not ordered after the work on the others: the caller waited
+    /// for the bytes' writer). Through pinned memory (kept and grown): a
+    /// decode step's logits come back in a fraction of a pageable copy's time.
+    pub(crate) fn download_now(&self, src: u64, len: usize) -> Result<Vec<u8>, RuntimeError> {
         let mut pinned = self.readback.lock().unwrap_or_else(|p| p.into_inner());
         if pinned.as_ref().is_none_or(|p| p.len() < len) {
             // SAFETY: the pinned bytes are written by the copy before being read.
@@ -158,8 +161,9 @@ impl CudaBackend {
         };
         let host = &mut host.as_mut_slice().map_err(driver)?[..len];
         // SAFETY: src..src+len lies in a live allocation (checked by the caller).
-        unsafe { result::memcpy_dtoh_async(host, src, self.main.cu_stream()) }.map_err(driver)?;
-        self.main.synchronize().map_err(driver)?;
+        unsafe { result::memcpy_dtoh_async(host, src, self.readback_stream.cu_stream()) }
+            .map_err(driver)?;
+        self.readback_stream.synchronize().map_err(driver)?;
         Ok(host.to_vec())
     }
 
