@@ -83,7 +83,7 @@ fn matmul_bit_exact_every_format() {
         let k_list: &[usize] = match wdtype {
             DType::Q4_K | DType::Q6_K => &[256, 1536],
             DType::F32 | DType::F16 | DType::BF16 => &[576, 100, 1536],
-            _ => &[576, 1536],
+            _ => &[576, 1536, 2400],
         };
         for &k in k_list {
             for (m, n) in [(576, 1), (192, 1), (100, 3), (576, 5), (64, 64), (132, 130)] {
@@ -603,6 +603,39 @@ fn attention_bit_exact_in_all_three_variants() {
         }
     }
     assert!(failures.is_empty(), "attention mismatches: {failures:?}");
+}
+
+/// Attention fused with quantize (the one-chunk kernel writes Q8_0 / Q8_1
+/// blocks): the CPU's attention then quantize, bit for bit.
+#[test]
+fn attention_quantize_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(23);
+    for kv in [DType::F16, DType::F32] {
+        for act in [DType::Q8_1, DType::Q8_0] {
+            for (heads, kvh, d, n, qp) in [
+                (9, 3, 64, 1, 0u32),
+                (9, 3, 64, 1, 200),
+                (9, 3, 64, 1, 700),
+                (9, 3, 64, 7, 40),
+                (4, 1, 256, 1, 300),
+            ] {
+                let mut mem = HostMemory::default();
+                let rows = qp as usize + n;
+                let a = attention_case(
+                    &mut rng, &mut mem, kv, heads, kvh, d, n, qp, rows, None, None, 0.0,
+                );
+                let Op::Attention(p) = a.op else {
+                    unreachable!()
+                };
+                let out = mem.zeros(act, &[n, heads * d]).unwrap();
+                let nd = node(Op::AttentionQuantize(p), a.inputs.clone(), vec![out]);
+                let what =
+                    format!("attention+quantize {kv} -> {act} h{heads}/{kvh} d{d} n={n} pos={qp}");
+                check_exact(g, &what, &nd, &mut mem);
+            }
+        }
+    }
 }
 
 #[test]

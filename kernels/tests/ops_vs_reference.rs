@@ -725,3 +725,56 @@ fn dsv4_moe_ops_match_reference() {
 fn run_cpu_threads(node: &OpNode, mem: &HostMemory, threads: usize) -> HostMemory {
     run_cpu(node, mem, threads)
 }
+
+/// `attention+quantize` (made by the fusion pass for GPUs, run whole on
+/// the CPU) equals attention then quantize, bit for bit.
+#[test]
+fn attention_quantize_equals_its_chain() {
+    let mut rng = Rng(41);
+    for act in [DType::Q8_0, DType::Q8_1] {
+        for (n, q_position) in [(1usize, 0u32), (1, 37), (5, 3)] {
+            let mut mem = HostMemory::default();
+            let (heads, kv_heads, d) = (6, 2, 64);
+            let rows = q_position as usize + n;
+            let q = mem
+                .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
+                .unwrap();
+            let k = mem.zeros(DType::F16, &[rows, kv_heads * d]).unwrap();
+            let v = mem.zeros(DType::F16, &[rows, kv_heads * d]).unwrap();
+            mem.set_f32(&k, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
+            mem.set_f32(&v, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
+            let h = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
+            let fused_out = mem.zeros(act, &[n, heads * d]).unwrap();
+            let chain_out = mem.zeros(act, &[n, heads * d]).unwrap();
+            let params = AttentionParams {
+                heads,
+                kv_heads,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                q_position,
+                window: None,
+                ring: None,
+                softcap: 0.0,
+                kv_capacity: 0,
+            };
+            let fused = node(
+                Op::AttentionQuantize(params),
+                vec![q, k, v],
+                vec![fused_out],
+            );
+            assert!(cpu::supports(&fused).is_err(), "the CPU must not fuse it");
+            let got = run_cpu(&fused, &mem, 3);
+            let mid = run_cpu(
+                &node(Op::Attention(params), vec![q, k, v], vec![h]),
+                &mem,
+                3,
+            );
+            let want = run_cpu(&node(Op::QuantizeRows, vec![h], vec![chain_out]), &mid, 3);
+            assert_eq!(
+                got.bytes(&fused_out),
+                want.bytes(&chain_out),
+                "attention+quantize -> {act}, n = {n}, at {q_position}"
+            );
+        }
+    }
+}

@@ -73,6 +73,14 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
             ]
         }
+        Op::AttentionQuantize(p) => {
+            arity(3, 1)?;
+            let h = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::Attention(*p), vec![ins[0], ins[1], ins[2]], vec![h]),
+                OpNode::new(Op::QuantizeRows, vec![h], vec![outs[0]]),
+            ]
+        }
         _ => return Ok(None),
     };
     Ok(Some(parts))
@@ -81,7 +89,10 @@ pub fn decompose(
 /// Can a node of op `op` be the first of a pair [`fuse_pair`] merges? (A
 /// cheap filter for the fusion pass; keep it in step with `fuse_pair`.)
 pub fn starts_pair(op: &Op) -> bool {
-    matches!(op, Op::RmsNorm { .. } | Op::SiluMul | Op::Rope(_) | Op::Add)
+    matches!(
+        op,
+        Op::RmsNorm { .. } | Op::SiluMul | Op::Rope(_) | Op::Add | Op::Attention(_)
+    )
 }
 
 /// The fused node for `first` followed by `second`, when weft has a fused
@@ -111,6 +122,13 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
                     start: *start,
                     ring: *ring,
                 },
+                first.inputs.clone(),
+                second.outputs.clone(),
+            ))
+        }
+        (Op::Attention(p), Op::QuantizeRows) if reads_out(0) && !keep_intermediate => {
+            Some(OpNode::new(
+                Op::AttentionQuantize(*p),
                 first.inputs.clone(),
                 second.outputs.clone(),
             ))

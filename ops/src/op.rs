@@ -192,6 +192,10 @@ pub enum Op {
         /// As in [`Op::RmsNorm`].
         eps: f32,
     },
+    /// Fused `attention` then `quantize`: inputs `q`, `k`, `v`; output the
+    /// attention rows in an activation format (what the output projection
+    /// reads).
+    AttentionQuantize(AttentionParams),
     /// Writes host bytes captured at record time into the output.
     Write {
         /// The bytes, exactly the output's size.
@@ -263,7 +267,8 @@ impl Op {
     pub fn same_structure(&self, other: &Op) -> bool {
         match (self, other) {
             (Op::Write { data: x }, Op::Write { data: y }) => x.len() == y.len(),
-            (Op::Attention(p), Op::Attention(q)) => {
+            (Op::Attention(p), Op::Attention(q))
+            | (Op::AttentionQuantize(p), Op::AttentionQuantize(q)) => {
                 AttentionParams {
                     q_position: 0,
                     ..*p
@@ -284,6 +289,14 @@ impl Op {
             _ => self == other,
         }
     }
+    /// The attention parameters of an attention op, fused or not.
+    pub fn attention_params(&self) -> Option<&AttentionParams> {
+        match self {
+            Op::Attention(p) | Op::AttentionQuantize(p) => Some(p),
+            _ => None,
+        }
+    }
+
     /// Short name used in labels, dumps and profiles.
     pub fn name(&self) -> &'static str {
         match self {
@@ -321,6 +334,7 @@ impl Op {
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
+            Op::AttentionQuantize(_) => "attention+quantize",
         }
     }
 }

@@ -222,7 +222,8 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
-        | Op::AddRmsNormQuantize { .. } => {
+        | Op::AddRmsNormQuantize { .. }
+        | Op::AttentionQuantize(_) => {
             // Valid when every op of the chain it stands for is.
             let mut next = u32::MAX;
             let parts = crate::fused::decompose(node, |dtype, dims| {

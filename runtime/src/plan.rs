@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use weft_graph::reorder::Strategy;
 use weft_graph::{BufferId, Label, Node, Schedule};
-use weft_ops::{Op, OpNode};
+use weft_ops::OpNode;
 
 /// Plans kept per executor (a decode and a prefill chunk size or two).
 pub(crate) const MAX_PLANS: usize = 4;
@@ -90,7 +90,7 @@ fn same_payload(a: &OpNode, b: &OpNode) -> bool {
     if !a.op.same_structure(&b.op) || a.outputs != b.outputs || a.inputs.len() != b.inputs.len() {
         return false;
     }
-    let cache_view = matches!(a.op, Op::Attention(_));
+    let cache_view = a.op.attention_params().is_some();
     a.inputs
         .iter()
         .zip(&b.inputs)

@@ -259,9 +259,7 @@ impl<'e> GraphSession<'e> {
                 .any(|x| x.buffer == r.buffer && x.start <= r.start && r.end <= x.end)
         };
         let inputs_ok = node.inputs.iter().all(|t| covered(t, &graph_node.reads));
-        if !inputs_ok
-            && self.mode == SessionMode::Recorded
-            && !matches!(node.op, weft_ops::Op::Attention(_))
+        if !inputs_ok && self.mode == SessionMode::Recorded && node.op.attention_params().is_none()
         {
             return Err(OpError::Record(format!(
                 "`{}` ({}): declared reads do not cover its inputs",
@@ -912,7 +910,7 @@ impl<'e> GraphSession<'e> {
                 .collect::<Result<Vec<_>, _>>()?;
             // Decode replays: attention sees the whole cache; the visible
             // extent comes from the step scalars.
-            if let weft_ops::Op::Attention(p) = &node.op {
+            if let Some(p) = node.op.attention_params() {
                 if p.kv_capacity as usize > ins[1].tensor.rows() {
                     for t in &mut ins[1..3] {
                         let dims = [p.kv_capacity as usize, t.tensor.cols()];

@@ -18,7 +18,7 @@ pub(crate) fn widen(node: &mut Node, payload: &OpNode) {
                 node.writes = vec![dst.range()];
             }
         }
-        Op::Attention(p) => {
+        Op::Attention(p) | Op::AttentionQuantize(p) => {
             for t in payload.inputs.iter().skip(1).take(2) {
                 let cap = p.kv_capacity as usize;
                 if cap <= t.rows() {

@@ -136,6 +136,66 @@ pub(super) unsafe fn run(
     Ok(true)
 }
 
+/// Runs fused `node` whole, each part of its chain over all of its work
+/// in turn (intermediates in scratch): for chains whose parts split their
+/// work differently (attention by heads, quantize by rows). One work item.
+///
+/// # Safety
+/// See [`super::run_item`].
+pub(super) unsafe fn run_whole(
+    node: &OpNode,
+    ins: &[HostTensor],
+    outs: &[HostTensor],
+) -> Result<(), OpError> {
+    let mut scratch: Vec<(Tensor, Vec<u8>)> = Vec::new();
+    let parts = weft_ops::fused::decompose(node, |dtype, dims| {
+        let t = Tensor::new(
+            BufferId(SCRATCH_BASE + scratch.len() as u32),
+            0,
+            dtype,
+            Shape::new(dims),
+        )?;
+        scratch.push((t, vec![0u8; t.bytes() as usize]));
+        Ok(t)
+    })?
+    .ok_or_else(|| OpError::Record(format!("`{}` is not a fused op", node.op.name())))?;
+    for part in &parts {
+        let mut host = |t: &Tensor| -> Result<HostTensor, OpError> {
+            if let Some((_, buf)) = scratch.iter_mut().find(|(s, _)| s == t) {
+                return Ok(HostTensor {
+                    ptr: buf.as_mut_ptr(),
+                    tensor: *t,
+                });
+            }
+            ins.iter()
+                .chain(outs)
+                .find(|x| x.tensor == *t)
+                .copied()
+                .ok_or_else(|| {
+                    OpError::Record(format!(
+                        "`{}`: a component names an unknown tensor",
+                        node.op.name()
+                    ))
+                })
+        };
+        let pi = part
+            .inputs
+            .iter()
+            .map(&mut host)
+            .collect::<Result<Vec<_>, _>>()?;
+        let po = part
+            .outputs
+            .iter()
+            .map(&mut host)
+            .collect::<Result<Vec<_>, _>>()?;
+        let split = super::work_split(part, 1);
+        for item in 0..split.items {
+            run_item(part, &pi, &po, &split, item)?;
+        }
+    }
+    Ok(())
+}
+
 /// `set_rows` inside a fused op works on a view starting `by` rows in: its
 /// first position moves with it.
 fn shift_start(part: &OpNode, by: u32) -> OpNode {

@@ -115,8 +115,10 @@ DEV void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" :
 
 // ---- one chunk / split KV -------------------------------------------------------
 
-template <bool K16, bool V16>
-DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out, AttnArgs a,
+// OUTF: -1 writes f32 rows; 0 / 1 writes them quantized to Q8_0 / Q8_1
+// (attention then quantize, fused: the values the quantizer would read).
+template <bool K16, bool V16, int OUTF>
+DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, AttnArgs a,
                          const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, CH = (int)a.chunk;
@@ -169,18 +171,28 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
     const u32 len_max = max(hi[0] - lo[0], parts > 1 ? hi[1] - lo[1] : 0u);
     const int pieces = D * esz_v / 16;  // 16-byte pieces per value row
     __syncthreads();
+    // This thread's first value piece (row of the pass, piece of the row)
+    // and its stride; stepped without divisions in the copy loop.
+    const int piece0 = tid % pieces, row0 = tid / pieces;
+    const int piece_step = nt % pieces, row_step = nt / pieces;
     for (u32 it = 0; it * CH < len_max; it++) {
         // 1. values of the pass into shared memory (asynchronously), scores
-        for (int idx = tid; idx < parts * CH * pieces; idx += nt) {
-            const int p = idx / (CH * pieces), j = (idx / pieces) % CH, piece = idx % pieces;
+        for (int row = row0, piece = piece0; row < parts * CH;) {
+            const int p = row >= CH ? 1 : 0, j = row - p * CH;
             const u32 c = lo[p] + it * CH + j;
             if (c < hi[p])
                 cp_async16(vsh + ((size_t)(p * CH + j) * D * esz_v + piece * 16),
                            vc + ((size_t)c * a.kv_stride + kvoff) * esz_v + piece * 16);
+            row += row_step;
+            piece += piece_step;
+            if (piece >= pieces) {
+                piece -= pieces;
+                row++;
+            }
         }
         cp_async_commit();
         for (int idx = tid; idx < 2 * CH; idx += nt) {
-            const int p = idx / CH, j = idx % CH;
+            const int p = idx >= CH ? 1 : 0, j = idx - p * CH;
             const u32 c = lo[p] + it * CH + j;
             float sc = NEG_INF;
             u8 f = 0;
@@ -247,7 +259,7 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
         for (int idx = tid; idx < 2 * CH; idx += nt) {
             if (!flag[idx]) continue;
             const float sc = score[idx], m = mprev[idx];
-            const int at = (idx / CH) * CH + cpos[idx];
+            const int at = (idx >= CH ? CH : 0) + cpos[idx];
             if (sc > m) {
                 cms[at] = glibc_expf(m - sc);
                 cvs[at] = 1.0f;
@@ -260,7 +272,10 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
         __syncthreads();
         // 4. the sequential accumulation over the visible cells, one thread
         //    per (part, dimension). A new maximum scales the accumulator
-        //    (ms == 1 otherwise, and scaling by 1 changes no bit).
+        //    (ms == 1 otherwise, and scaling by 1 changes no bit). New
+        //    maxima are rare: a group of 8 cells without one (the same for
+        //    every thread of the part) skips the scaling, which would
+        //    otherwise lengthen the dependent chain of every cell.
         if (chain) {
             const int cnt = pcount[cp];
             const u16* ci = cidx + cp * CH;
@@ -271,17 +286,27 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
             int k = 0;
             for (; k + 8 <= cnt; k += 8) {
                 float ms[8], vs[8], vv[8];
+                bool scaled = false;
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     ms[u] = pm[k + u];
                     vs[u] = pv[k + u];
                     vv[u] = kv_at<V16>(vcol + ci[k + u] * vstride, 0);
+                    scaled |= ms[u] != 1.0f;
                 }
+                if (scaled) {
 #pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    if (ms[u] != 1.0f) acc = V16 ? round16(acc * ms[u]) : acc * ms[u];
-                    acc = V16 ? round16(__fmaf_rn(vv[u], vs[u], acc)) : __fmaf_rn(vs[u], vv[u], acc);
-                    if (cd == 0) ssum = __fmaf_rn(ssum, ms[u], vs[u]);
+                    for (int u = 0; u < 8; u++) {
+                        if (ms[u] != 1.0f) acc = V16 ? round16(acc * ms[u]) : acc * ms[u];
+                        acc = V16 ? round16(__fmaf_rn(vv[u], vs[u], acc)) : __fmaf_rn(vs[u], vv[u], acc);
+                        if (cd == 0) ssum = __fmaf_rn(ssum, ms[u], vs[u]);
+                    }
+                } else {
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        acc = V16 ? round16(__fmaf_rn(vv[u], vs[u], acc)) : __fmaf_rn(vs[u], vv[u], acc);
+                        if (cd == 0) ssum = __fadd_rn(ssum, vs[u]);  // fma(ssum, 1, vs)
+                    }
                 }
             }
             for (; k < cnt; k++) {
@@ -301,7 +326,7 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
         if (cd == 0) part_ms[2 + cp] = ssum;
     }
     __syncthreads();
-    float* orow = out + (size_t)t * a.out_stride + (size_t)h * D;
+    float* orow = OUTF < 0 ? (float*)out + (size_t)t * a.out_stride + (size_t)h * D : qs;
     for (int d = tid; d < D; d += nt) {
         float o, s;
         if (parts == 1) {
@@ -324,16 +349,28 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, float* out,
         const float inv = s == 0.0f ? 0.0f : 1.0f / s;
         orow[d] = o * inv;
     }
+    if (OUTF >= 0) {
+        // The head's values (in `qs`, free once the scores are done) as
+        // whole 32-element blocks: head_dim is a multiple of 32.
+        __syncthreads();
+        const int bytes = OUTF == 1 ? 36 : 34, blocks = D / 32;
+        u8* orow_q = (u8*)out + ((size_t)t * (a.out_stride / 32) + (size_t)h * blocks) * bytes;
+        for (int b = tid; b < blocks; b += nt) quant_q8_thread<OUTF>(qs + 32 * b, orow_q + b * bytes);
+    }
 }
 
-#define ATTN_CHUNK_ENTRY(NAME, K16, V16)                                                       \
+#define ATTN_CHUNK_ENTRY(NAME, K16, V16, OUTF)                                                 \
     extern "C" __global__ void __launch_bounds__(512)                                          \
-        NAME(const float* q, const u8* k, const u8* v, float* out, AttnArgs a,                 \
+        NAME(const float* q, const u8* k, const u8* v, void* out, AttnArgs a,                  \
              const u32* step) {                                                                \
-        attn_chunk_body<K16, V16>(q, k, v, out, a, step);                                      \
+        attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step);                                \
     }
-ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true)
-ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false)
+ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true, -1)
+ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false, -1)
+ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_0, true, true, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_0, false, false, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_1, true, true, 1)
+ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_1, false, false, 1)
 
 // ---- tiled (64 or more query rows per ubatch) -----------------------------------------
 // 16 query rows of one head per block, two per warp; keys and values in

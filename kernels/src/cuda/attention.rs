@@ -4,7 +4,9 @@
 //! a padded cache view of 512 cells or more (decided on the device, from the
 //! step scalars, so a captured decode graph stays valid as the cache grows).
 
-use super::launch::{bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg};
+use super::launch::{
+    bad_call, check_aligned, check_arity, launch as enqueue, natural_alignment, unsupported, Arg,
+};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
 use weft_ops::{AttentionParams, DType, OpError, OpNode};
@@ -12,6 +14,10 @@ use weft_ops::{AttentionParams, DType, OpError, OpNode};
 pub(super) const KERNELS: &[&str] = &[
     "attn_chunk_f16",
     "attn_chunk_f32",
+    "attn_chunk_f16_q8_0",
+    "attn_chunk_f32_q8_0",
+    "attn_chunk_f16_q8_1",
+    "attn_chunk_f32_q8_1",
     "attn_tiled_f16",
     "attn_tiled_f32",
 ];
@@ -75,6 +81,27 @@ pub(super) fn supports(node: &OpNode, p: &AttentionParams) -> Result<(), OpError
         return Err(unsupported(
             "attention",
             format!("{} query heads over {} kv heads", p.heads, p.kv_heads),
+        ));
+    }
+    Ok(())
+}
+
+/// Attention then quantize (the fusion pass's `attention+quantize`): the
+/// one-chunk kernel writes Q8_0 / Q8_1 blocks itself, so only for fewer
+/// than 64 query rows (never the tiled kernel).
+pub(super) fn supports_quantized(node: &OpNode, p: &AttentionParams) -> Result<(), OpError> {
+    supports(node, p)?;
+    let out = node.outputs[0].dtype;
+    if !matches!(out, DType::Q8_0 | DType::Q8_1) {
+        return Err(unsupported(
+            "attention+quantize",
+            format!("{out} output (Q8_0 or Q8_1)"),
+        ));
+    }
+    if tiled_blocks(node.inputs[0].rows()) > 0 {
+        return Err(unsupported(
+            "attention+quantize",
+            format!("{} query rows (the tiled kernel)", node.inputs[0].rows()),
         ));
     }
     Ok(())
@@ -148,7 +175,14 @@ pub(super) unsafe fn launch(
     check_aligned(OP, q, 4)?;
     check_aligned(OP, k, 16)?;
     check_aligned(OP, v, 16)?;
-    check_aligned(OP, out, 4)?;
+    // The output: f32 rows, or (fused with quantize) activation blocks.
+    let quantized = match out.tensor.dtype {
+        DType::F32 => "",
+        DType::Q8_0 => "_q8_0",
+        DType::Q8_1 => "_q8_1",
+        other => return Err(bad_call(OP, format!("{other} output"))),
+    };
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
     let n = q.tensor.rows();
     let d = p.head_dim;
     let kv = k.tensor.dtype;
@@ -178,6 +212,12 @@ pub(super) unsafe fn launch(
         Arg::Ptr(out.ptr),
     ];
     let tiled = tiled_blocks(n);
+    if tiled > 0 && !quantized.is_empty() {
+        return Err(bad_call(
+            OP,
+            format!("a quantized output for {n} query rows (the tiled kernel)"),
+        ));
+    }
     if tiled > 0 {
         let limit = kernels.large_shared_limit;
         let nbuf = if tiled_shared_bytes(d, kv, 2) <= limit {
@@ -221,7 +261,9 @@ pub(super) unsafe fn launch(
         a.push(Arg::Ptr(step));
         let threads = (2 * d).max(256) as u32;
         let bytes = chunk_shared_bytes(d, kv, chunk);
-        let f = kernels.fns.get(OP, &format!("attn_chunk_{suffix}"))?;
+        let f = kernels
+            .fns
+            .get(OP, &format!("attn_chunk_{suffix}{quantized}"))?;
         enqueue(
             stream,
             f,

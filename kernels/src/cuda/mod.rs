@@ -158,6 +158,7 @@ impl CudaKernels {
             Op::Copy => rows::supports_copy(&node.inputs[0], &node.outputs[0]),
             Op::SetRows { .. } => rows::supports_set_rows(&node.outputs[0]),
             Op::Attention(p) => attention::supports(node, p),
+            Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
             Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
                     return Err(launch::unsupported(
@@ -224,7 +225,7 @@ impl CudaKernels {
     /// rope_set_rows `[start]`.
     pub fn step_scalars(&self, node: &OpNode) -> Vec<u32> {
         match &node.op {
-            Op::Attention(p) => attention::step_scalars(node, p),
+            Op::Attention(p) | Op::AttentionQuantize(p) => attention::step_scalars(node, p),
             Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
             _ => Vec::new(),
         }
@@ -236,6 +237,10 @@ impl CudaKernels {
     pub fn structural(&self, op: &Op) -> Op {
         match op {
             Op::Attention(p) => Op::Attention(weft_ops::AttentionParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::AttentionQuantize(p) => Op::AttentionQuantize(weft_ops::AttentionParams {
                 q_position: 0,
                 ..*p
             }),
@@ -341,7 +346,9 @@ impl CudaKernels {
             }
             Op::Rope(p) => rope::launch(self, s, p, ins, outs),
             Op::Softmax { scale } => softmax::launch(self, s, ins, outs, *scale),
-            Op::Attention(p) => attention::launch(self, s, node, p, ins, outs, step),
+            Op::Attention(p) | Op::AttentionQuantize(p) => {
+                attention::launch(self, s, node, p, ins, outs, step)
+            }
             Op::SetRows { start, ring } => rows::set_rows(self, s, ins, outs, *start, *ring, step),
             Op::Argmax => argmax::launch(self, s, ins, outs),
             Op::Copy => rows::copy(self, s, ins, outs),

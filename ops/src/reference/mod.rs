@@ -195,7 +195,8 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
-        | Op::AddRmsNormQuantize { .. } => {
+        | Op::AddRmsNormQuantize { .. }
+        | Op::AttentionQuantize(_) => {
             return Err(OpError::Record(format!(
                 "`{}` was not decomposed",
                 node.op.name()
