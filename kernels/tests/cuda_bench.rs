@@ -220,6 +220,7 @@ fn kernel_timings_at_smollm2_shapes() {
         matvec_case(&mut rng, DType::Q4_1, 1536, 576, 1),
         matvec_case(&mut rng, DType::Q4_1, 576, 1536, 1),
         matvec_case(&mut rng, DType::Q8_0, 49152, 576, 1),
+        attention_case(&mut rng, 1, 63),
         attention_case(&mut rng, 1, 255),
         attention_case(&mut rng, 1, 1023),
     ];

@@ -14,6 +14,7 @@ DEV void argmax_take(float v, int i, float& bv, int& bi) {
 
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_f32(const float* x, i32* out, int rows, int cols) {
+    pdl_sync();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int r = blockIdx.x;

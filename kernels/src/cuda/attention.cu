@@ -363,6 +363,7 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     extern "C" __global__ void __launch_bounds__(512)                                          \
         NAME(const float* q, const u8* k, const u8* v, void* out, AttnArgs a,                  \
              const u32* step) {                                                                \
+        pdl_sync();                                                                            \
         attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step);                                \
     }
 ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true, -1)
@@ -544,6 +545,7 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
     extern "C" __global__ void __launch_bounds__(TILED_WARPS * 32)                             \
         NAME(const float* q, const u8* k, const u8* v, float* out, AttnArgs a,                 \
              const u32* step) {                                                                \
+        pdl_sync();                                                                            \
         attn_tiled_body<K16, V16>(q, k, v, out, a, step);                                      \
     }
 ATTN_TILED_ENTRY(attn_tiled_f16, true, true)

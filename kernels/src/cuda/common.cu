@@ -21,6 +21,21 @@ typedef long long i64;
 #define POS_INF (__int_as_float(0x7f800000))
 #define NONE_U32 0xffffffffu
 
+// ---- programmatic dependent launch ------------------------------------------
+
+// Every kernel calls this first. Launched with programmatic stream
+// serialization (launch.rs, WEFT_CUDA_PDL), a kernel may start while the
+// kernel before it finishes: it waits here until that one has completed and
+// its writes are visible, then lets the next kernel launch. So the launch
+// latency overlaps the previous kernel's tail, never its work. Launched
+// without it, both instructions return at once.
+DEV void pdl_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- f16 / bf16 conversions ----------------------------------------------
 
 DEV float h2f(u16 h) {

@@ -88,11 +88,13 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
     extern "C" __global__ void __launch_bounds__(32) rms_norm_quant_##SUFFIX(                  \
         const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
         int method) {                                                                          \
+        pdl_sync();                                                                            \
         norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
         int cols, float eps, int broadcast, int staged, int method) {                          \
+        pdl_sync();                                                                            \
         norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
                                  method);                                                      \
     }
@@ -135,6 +137,7 @@ DEV void silu_quant_body(const float* g, const float* u, u8* out, int rows, int 
 #define SILU_QUANT_ENTRY(SUFFIX, F)                                                            \
     extern "C" __global__ void silu_mul_quant_##SUFFIX(const float* g, const float* u, u8* out, \
                                                         int rows, int cols) {                  \
+        pdl_sync();                                                                            \
         silu_quant_body<F>(g, u, out, rows, cols);                                             \
     }
 SILU_QUANT_ENTRY(q8_0, 0)
@@ -182,6 +185,7 @@ DEV void rope_set_rows_body(const float* x, const i32* positions, u8* dst, const
                                                        u8* dst, const float2* table,           \
                                                        RopeArgs a, u64 dst_row, u32 start,     \
                                                        u32 ring, const u32* step) {            \
+        pdl_sync();                                                                            \
         rope_set_rows_body<D>(x, positions, dst, table, a, dst_row, start, ring, step);        \
     }
 ROPE_SET_ROWS_ENTRY(f32, 0)

@@ -64,6 +64,24 @@ pub(crate) fn f64_sum_method(op: &'static str) -> Result<i32, OpError> {
     }
 }
 
+/// The environment variable switching programmatic dependent launch off
+/// (`0`) or on (`1`, the default): every kernel is launched allowed to start
+/// while the kernel before it in its stream (or captured graph) finishes;
+/// each kernel waits at its entry (`pdl_sync` in common.cu) until that one
+/// completed, so only the launch latency overlaps, never the work.
+pub const PDL_ENV: &str = "WEFT_CUDA_PDL";
+
+/// Whether launches use programmatic dependent launch ([`PDL_ENV`], read once).
+fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
+    static PDL: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    let v = PDL.get_or_init(|| match std::env::var(PDL_ENV).as_deref() {
+        Err(_) | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(other) => Err(format!("{PDL_ENV}={other:?} is not 0 or 1")),
+    });
+    v.clone().map_err(|m| bad_call(op, m))
+}
+
 /// Enqueues `func` on `stream`.
 ///
 /// # Safety
@@ -78,6 +96,10 @@ pub(crate) unsafe fn launch(
     args: &[Arg],
     op: &'static str,
 ) -> Result<(), OpError> {
+    if pdl_enabled(op)? {
+        // SAFETY: forwarded to the caller.
+        return unsafe { launch_dependent(stream, func, grid, block, shared_bytes, args, op) };
+    }
     let mut builder = stream.launch_builder(func);
     for a in args {
         match a {
@@ -96,6 +118,69 @@ pub(crate) unsafe fn launch(
     };
     // SAFETY: forwarded to the caller (argument list and memory coverage).
     unsafe { builder.launch(cfg) }.map_err(|e| driver_error(op, "kernel launch", e))?;
+    Ok(())
+}
+
+/// [`launch`] through `cuLaunchKernelEx` with programmatic stream
+/// serialization allowed.
+///
+/// # Safety
+/// As [`launch`].
+unsafe fn launch_dependent(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared_bytes: u32,
+    args: &[Arg],
+    op: &'static str,
+) -> Result<(), OpError> {
+    use cudarc::driver::sys;
+    use std::ffi::c_void;
+    let mut params: Vec<*mut c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(v) | Arg::U64(v) => v as *const u64 as *mut c_void,
+            Arg::I32(v) => v as *const i32 as *mut c_void,
+            Arg::U32(v) => v as *const u32 as *mut c_void,
+            Arg::F32(v) => v as *const f32 as *mut c_void,
+            Arg::Attn(v) => v as *const super::attention::AttnArgs as *mut c_void,
+            Arg::Rope(v) => v as *const super::rope::RopeArgs as *mut c_void,
+        })
+        .collect();
+    // SAFETY: a zeroed attribute is a valid plain-data value; id and value set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(op, "binding the context", e))?;
+    // SAFETY: `params` points at `args`' values, which outlive the call; the
+    // caller vouches for their match with the kernel.
+    let r = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(driver_error(op, "kernel launch", format!("{r:?}")));
+    }
     Ok(())
 }
 

@@ -497,16 +497,19 @@ DEV void mm_float_tiny(const u8* w, const u8* act, float* out, int m, int n, int
 #define MM_ENTRY(NAME, BODY)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const u8* w, const u8* act, float* out, int m, int n, int kb) {                   \
+        pdl_sync();                                                                            \
         BODY(w, act, out, m, n, kb);                                                           \
     }
 
 #define MV_ENTRY(NAME, F)                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const u8* w, const u8* act, float* out, int m, int n, int nb) {                   \
+        pdl_sync();                                                                            \
         mv_block32<F, 24>(w, act, out, m, nb);                                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME##_long(const u8* w, const u8* act, float* out, int m, int n, int nb) {            \
+        pdl_sync();                                                                            \
         mv_block32<F, 48>(w, act, out, m, nb);                                                 \
     }
 MV_ENTRY(mm_q4_0_t1, FmtQ4_0)

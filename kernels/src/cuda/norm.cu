@@ -12,6 +12,7 @@ DEV float* norm_stage(int cols) {
 extern "C" __global__ void __launch_bounds__(32)
     rms_norm(const float* x, const float* w, float* out, int rows, int cols, float eps, int staged,
              int method) {
+    pdl_sync();
     __shared__ SeqSumScratch scratch;
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -33,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(32) layer_norm(const float* x, cons
                                                             const float* b, float* out, int rows,
                                                             int cols, float eps, int staged,
                                                             int method) {
+    pdl_sync();
     __shared__ SeqSumScratch scratch;
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x;
@@ -59,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(32) layer_norm(const float* x, cons
 // Test hook: float(sum / n) of `n` doubles (>= 0) by the bounded method;
 // out[1] = 1 when it fell back to the sequential loop.
 extern "C" __global__ void test_bounded_mean(const double* t, double* out, int n) {
+    pdl_sync();
     __shared__ SeqSumScratch scratch;
     auto term = [&](int i) -> double { return t[i]; };
     bool fell_back = false;
@@ -74,6 +77,7 @@ extern "C" __global__ void test_bounded_mean(const double* t, double* out, int n
 // Test hook: the exact sequential sum of `n` doubles (>= 0), one warp;
 // out[1] = 1 when the sequential fallback ran.
 extern "C" __global__ void test_seq_sum(const double* t, double* out, int n) {
+    pdl_sync();
     __shared__ SeqSumScratch scratch;
     auto term = [&](int i) -> double { return t[i]; };
     bool fell_back = false;

@@ -28,6 +28,7 @@ DEV float2 rope_angle_fallback(const RopeArgs& a, int pos, int pair) {
 
 extern "C" __global__ void rope_f32(const float* x, const i32* positions, float* out,
                                     const float2* table, RopeArgs a) {
+    pdl_sync();
     const int heads = a.cols / a.head_dim;
     const int half = a.n_dims / 2;
     const int rest = a.head_dim - a.n_dims;

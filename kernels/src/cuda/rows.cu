@@ -75,6 +75,7 @@ DEV void get_rows_body(const u8* table, const i32* ids, float* out, int n, int c
 #define GET_ROWS_ENTRY(NAME, T)                                                                \
     extern "C" __global__ void NAME(const u8* table, const i32* ids, float* out, int n,        \
                                     int cols, int table_rows, u64 row_bytes) {                 \
+        pdl_sync();                                                                            \
         get_rows_body<T>(table, ids, out, n, cols, table_rows, (size_t)row_bytes);             \
     }
 GET_ROWS_ENTRY(get_rows_f32, 0)
@@ -99,6 +100,7 @@ DEV void copy_body(const u8* src, u8* dst, int rows, int cols, size_t src_row, s
 #define COPY_ENTRY(NAME, T, D)                                                                 \
     extern "C" __global__ void NAME(const u8* src, u8* dst, int rows, int cols, u64 src_row,   \
                                     u64 dst_row) {                                             \
+        pdl_sync();                                                                            \
         copy_body<T, D>(src, dst, rows, cols, (size_t)src_row, (size_t)dst_row);               \
     }
 #define COPY_ENTRIES(SRC, T)                                                                   \
@@ -132,6 +134,7 @@ DEV void set_rows_body(const float* src, u8* dst, int n, int cols, size_t dst_ro
 #define SET_ROWS_ENTRY(NAME, D)                                                                \
     extern "C" __global__ void NAME(const float* src, u8* dst, int n, int cols, u64 dst_row,   \
                                     u32 start, u32 ring, const u32* step) {                    \
+        pdl_sync();                                                                            \
         set_rows_body<D>(src, dst, n, cols, (size_t)dst_row, start, ring, step);               \
     }
 SET_ROWS_ENTRY(set_rows_f32, 0)
@@ -171,9 +174,11 @@ DEV void quant_q8_body(const float* x, u8* out, int rows, int cols) {
     quant_q8_warp<WITH_SUM>(x[gw * 32 + lane], out + gw * (WITH_SUM ? 36 : 34));
 }
 extern "C" __global__ void quant_q8_0(const float* x, u8* out, int rows, int cols) {
+    pdl_sync();
     quant_q8_body<0>(x, out, rows, cols);
 }
 extern "C" __global__ void quant_q8_1(const float* x, u8* out, int rows, int cols) {
+    pdl_sync();
     quant_q8_body<1>(x, out, rows, cols);
 }
 
@@ -239,6 +244,7 @@ DEV void quant_q8_thread(const float* v, u8* blk) {
 }
 
 extern "C" __global__ void quant_q8_k(const float* x, u8* out, int rows, int cols) {
+    pdl_sync();
     const int lane = threadIdx.x & 31;
     const size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nbr = cols / 256;
@@ -252,10 +258,12 @@ extern "C" __global__ void quant_q8_k(const float* x, u8* out, int rows, int col
 
 // F16 / BF16 activations: one element per thread.
 extern "C" __global__ void quant_f16(const float* x, u16* out, u64 count) {
+    pdl_sync();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) out[i] = f2h(x[i]);
 }
 extern "C" __global__ void quant_bf16(const float* x, u16* out, u64 count) {
+    pdl_sync();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) out[i] = f2bf(x[i]);
 }

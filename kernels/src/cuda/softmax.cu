@@ -4,6 +4,7 @@
 
 extern "C" __global__ void __launch_bounds__(32)
     softmax_f32(const float* x, float* out, int rows, int cols, float scale, int staged, int method) {
+    pdl_sync();
     __shared__ SeqSumScratch scratch;
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x;
