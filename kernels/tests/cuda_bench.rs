@@ -257,6 +257,23 @@ fn kernel_timings_at_smollm2_shapes() {
             2 * d * 4 + 18 * 36,
         )
     }));
+    cases.push(simple_case(
+        "add+rms_norm+quantize q8_1 1x576 (fused, in place)",
+        |m| {
+            let x = m.f32_tensor(&[1, d], &x1[..d]).unwrap();
+            let b = m.f32_tensor(&[1, d], &x1[d..2 * d]).unwrap();
+            let w = m.f32_tensor(&[d], &x1[..d]).unwrap();
+            let o = m.zeros(DType::Q8_1, &[1, d]).unwrap();
+            (
+                node(
+                    Op::AddRmsNormQuantize { eps: 1e-5 },
+                    vec![x, b, w],
+                    vec![x, o],
+                ),
+                4 * d * 4 + 18 * 36,
+            )
+        },
+    ));
     cases.push(simple_case("silu_mul+quantize q8_1 1x1536 (fused)", |m| {
         let a = m.f32_tensor(&[1, 1536], &x1).unwrap();
         let b = m.f32_tensor(&[1, 1536], &x1).unwrap();

@@ -1014,7 +1014,7 @@ fn fused_ops_bit_exact() {
         DType::F16,
         DType::BF16,
     ] {
-        for (rows, cols) in [(1, 1536), (5, 768), (33, 512)] {
+        for (rows, cols) in [(1, 1536), (5, 768), (33, 512), (2, 5120)] {
             let mut mem = HostMemory::default();
             let x = mem
                 .f32_tensor(&[rows, cols], &rng.rows(rows, cols))

@@ -138,6 +138,9 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     const int tid = threadIdx.x, nt = blockDim.x;
     const int h = blockIdx.x, t = a.row_offset + blockIdx.y;
     const int kvh = h / (a.heads / a.kv_heads);
+    // The query first: it does not wait for the step scalars.
+    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
+    for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     const u32 end = qpos + (u32)a.n, pos = qpos + (u32)t;
@@ -145,30 +148,26 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     const u32 capacity = a.kv_capacity ? a.kv_capacity : kv_rows;
     const u32 padded = max((end + 255u) / 256u, 1u) * 256u;
     const u32 n_kv = min(padded, capacity);
-    u32 lo[2] = {0, 0}, hi[2] = {cells, 0};
+    // Cells [lo, hi) of each part (registers, not an indexed array).
+    u32 lo0 = 0, hi0 = cells, lo1 = 0, hi1 = 0;
     int parts = 1;
     if (a.n == 1 && n_kv >= 512) {
         parts = 2;
         const u32 chunk = (n_kv + 1) / 2;
-        for (int p = 0; p < 2; p++) {
-            const u32 start = p * chunk;
-            if (start >= n_kv) {
-                lo[p] = hi[p] = 0;
-            } else {
-                lo[p] = min(start, cells);
-                hi[p] = min(min((p + 1) * chunk, n_kv), cells);
-                if (hi[p] < lo[p]) hi[p] = lo[p];
-            }
+        hi0 = min(chunk, cells);
+        if (chunk < n_kv) {
+            lo1 = min(chunk, cells);
+            hi1 = max(min(min(2 * chunk, n_kv), cells), lo1);
         }
     }
-    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
-    for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
+    auto lo_of = [&](int p) { return p ? lo1 : lo0; };
+    auto hi_of = [&](int p) { return p ? hi1 : hi0; };
     const size_t kvoff = (size_t)kvh * D;
     const int cp = tid / D, cd = tid % D;  // chain thread: part, dimension
     const bool chain = cp < parts;
     float acc = 0.0f, ssum = 0.0f;
     float run_m = NEG_INF;  // running max, kept by the scan warps (warp p)
-    const u32 len_max = max(hi[0] - lo[0], parts > 1 ? hi[1] - lo[1] : 0u);
+    const u32 len_max = max(hi0 - lo0, parts > 1 ? hi1 - lo1 : 0u);
     const int pieces = D * esz_v / 16;  // 16-byte pieces per value row
     __syncthreads();
     // This thread's first value piece (row of the pass, piece of the row)
@@ -179,8 +178,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
         // 1. values of the pass into shared memory (asynchronously), scores
         for (int row = row0, piece = piece0; row < parts * CH;) {
             const int p = row >= CH ? 1 : 0, j = row - p * CH;
-            const u32 c = lo[p] + it * CH + j;
-            if (c < hi[p])
+            const u32 c = lo_of(p) + it * CH + j;
+            if (c < hi_of(p))
                 cp_async16(vsh + ((size_t)(p * CH + j) * D * esz_v + piece * 16),
                            vc + ((size_t)c * a.kv_stride + kvoff) * esz_v + piece * 16);
             row += row_step;
@@ -193,10 +192,10 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
         cp_async_commit();
         for (int idx = tid; idx < 2 * CH; idx += nt) {
             const int p = idx >= CH ? 1 : 0, j = idx - p * CH;
-            const u32 c = lo[p] + it * CH + j;
+            const u32 c = lo_of(p) + it * CH + j;
             float sc = NEG_INF;
             u8 f = 0;
-            if (p < parts && c < hi[p] && attn_visible(a, c, pos, end)) {
+            if (p < parts && c < hi_of(p) && attn_visible(a, c, pos, end)) {
                 const u8* krow = kc + ((size_t)c * a.kv_stride + kvoff) * esz_k;
                 sc = attn_scaled(a, attn_dot<K16>(krow, qs, D));
                 f = 1;

@@ -438,20 +438,21 @@ DEV float seq_sum_finish(Term term, int n, SeqSumScratch* sc, int method, Finish
                                            : seq_sum_nonneg(term, n, sc));
 }
 
-// Copies a row into shared memory (when `stage` is not null), issuing 16
-// loads per lane before storing any; returns where to read the row from.
+// Copies a row into shared memory (when `stage` is not null), issuing 32
+// loads per lane before storing any (a row of up to 1024 values costs one
+// memory latency); returns where to read the row from.
 DEV const float* stage_row(const float* row, float* stage, int cols) {
     if (!stage) return row;
     const int lane = threadIdx.x & 31;
-    for (int c0 = 0; c0 < cols; c0 += 512) {
-        float v[16];
+    for (int c0 = 0; c0 < cols; c0 += 1024) {
+        float v[32];
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
+        for (int u = 0; u < 32; u++) {
             const int c = c0 + lane + 32 * u;
             v[u] = c < cols ? row[c] : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
+        for (int u = 0; u < 32; u++) {
             const int c = c0 + lane + 32 * u;
             if (c < cols) stage[c] = v[u];
         }

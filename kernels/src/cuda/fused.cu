@@ -47,7 +47,9 @@ DEV size_t act_row_bytes(int f, int cols) {
 }
 
 // rms_norm(x, w) quantized; with ADD, x + b is first written to `sum_out`
-// (which may be x itself) and normalised.
+// (which may be x itself) and normalised. Staged, the row (or x and b) is
+// loaded with 32 loads per lane in flight: one memory latency for rows of
+// up to 1024 values.
 template <int F, bool ADD>
 DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
                          int rows, int cols, float eps, int broadcast, int staged, int method) {
@@ -58,14 +60,26 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
     const float* xr = x + (size_t)r * cols;
     float* stage = staged ? norm_stage(cols) : 0;
     if (ADD) {
-        // x + b, written out (in place when sum_out is x) and kept staged.
         const float* br = b + (broadcast ? 0 : (size_t)r * cols);
         float* sr = sum_out + (size_t)r * cols;
-#pragma unroll 4
-        for (int c = lane; c < cols; c += 32) {
-            const float v = xr[c] + br[c];
-            sr[c] = v;
-            if (stage) stage[c] = v;
+        for (int c0 = 0; c0 < cols; c0 += 1024) {
+            float v[32], bv[32];
+#pragma unroll
+            for (int u = 0; u < 32; u++) {
+                const int c = c0 + lane + 32 * u;
+                v[u] = c < cols ? xr[c] : 0.0f;
+                bv[u] = c < cols ? br[c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 32; u++) {
+                const int c = c0 + lane + 32 * u;
+                if (c < cols) {
+                    // In place when sum_out is x: every lane read its
+                    // elements of this round before writing them.
+                    sr[c] = v[u] + bv[u];
+                    if (stage) stage[c] = v[u] + bv[u];
+                }
+            }
         }
         __syncwarp();
         xr = stage ? stage : sr;
