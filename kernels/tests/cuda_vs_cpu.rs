@@ -605,6 +605,72 @@ fn attention_bit_exact_in_all_three_variants() {
     assert!(failures.is_empty(), "attention mismatches: {failures:?}");
 }
 
+/// A decode matvec fused with its rows' consumer (rope, a cache write, or
+/// both): the CPU's matmul, rope and set_rows, bit for bit; rotated heads of
+/// 64 with all or half of their dimensions rotated, f32/f16/bf16 caches, a
+/// ring, and short and long rows.
+#[test]
+fn matmul_rows_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(31);
+    for wdtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
+        for (m, k) in [(192, 576), (576, 1536)] {
+            let adtype = vec_dot_type(wdtype);
+            for n_dims in [64, 32] {
+                let rope = RopeParams::plain(RopeMode::Normal, 64, n_dims, 100000.0);
+                for (cache, start, ring) in [
+                    (None, 0u32, None),
+                    (Some(DType::F16), 7, None),
+                    (Some(DType::F32), 40, Some(16u32)),
+                    (Some(DType::BF16), 3, None),
+                ] {
+                    for with_rope in [true, false] {
+                        if !with_rope && cache.is_none() {
+                            continue;
+                        }
+                        let mut mem = HostMemory::default();
+                        let w = weights(&mut rng, &mut mem, wdtype, m, k);
+                        let act = rng.rows(1, k);
+                        let x = mem
+                            .tensor(adtype, &[1, k], &quantized(adtype, &act))
+                            .unwrap();
+                        let pos = mem
+                            .tensor(DType::I32, &[1], bytemuck::cast_slice(&[start as i32 + 3]))
+                            .unwrap();
+                        let out = match cache {
+                            None => mem.zeros(DType::F32, &[1, m]).unwrap(),
+                            Some(d) => {
+                                let c = mem.zeros(d, &[48, m]).unwrap();
+                                mem.set_f32(&c, &rng.vec(48 * m, 1.0)).unwrap();
+                                c
+                            }
+                        };
+                        let write = cache.map(|_| weft_ops::RowsWrite { start, ring });
+                        let (inputs, rope_p) = if with_rope {
+                            (vec![x, w, pos], Some(rope))
+                        } else {
+                            (vec![x, w], None)
+                        };
+                        let nd = node(
+                            Op::MatMulRows {
+                                rope: rope_p,
+                                write,
+                            },
+                            inputs,
+                            vec![out],
+                        );
+                        let what = format!(
+                            "{} {wdtype} {m}x{k} rope dims {n_dims} cache {cache:?} at {start} ring {ring:?}",
+                            nd.op.name()
+                        );
+                        check_exact(g, &what, &nd, &mut mem);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Attention fused with quantize (the one-chunk kernel writes Q8_0 / Q8_1
 /// blocks): the CPU's attention then quantize, bit for bit.
 #[test]

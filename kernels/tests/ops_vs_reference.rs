@@ -778,3 +778,64 @@ fn attention_quantize_equals_its_chain() {
         }
     }
 }
+
+/// `matmul+rope+set_rows` and its shorter forms (made by the fusion pass
+/// for GPUs, run whole on the CPU) equal their chains, bit for bit.
+#[test]
+fn matmul_rows_equals_its_chain() {
+    let mut rng = Rng(43);
+    let (m, k) = (128, 256);
+    let rope = RopeParams::plain(RopeMode::Normal, 64, 64, 10000.0);
+    for (with_rope, cache) in [(true, false), (false, true), (true, true)] {
+        let mut mem = HostMemory::default();
+        let w = mem.f32_tensor(&[m, k], &rng.vec(m * k, 1.0)).unwrap();
+        let x = mem.f32_tensor(&[1, k], &rng.vec(k, 1.0)).unwrap();
+        let pos = mem
+            .tensor(DType::I32, &[1], bytemuck::cast_slice(&[5i32]))
+            .unwrap();
+        let h = mem.zeros(DType::F32, &[1, m]).unwrap();
+        let r = mem.zeros(DType::F32, &[1, m]).unwrap();
+        let dims: &[usize] = if cache { &[8, m] } else { &[1, m] };
+        let dt = if cache { DType::F16 } else { DType::F32 };
+        let fused_out = mem.zeros(dt, dims).unwrap();
+        let chain_out = mem.zeros(dt, dims).unwrap();
+        let write = cache.then_some(weft_ops::RowsWrite {
+            start: 3,
+            ring: None,
+        });
+        let mut inputs = vec![x, w];
+        if with_rope {
+            inputs.push(pos);
+        }
+        let fused = node(
+            Op::MatMulRows {
+                rope: with_rope.then_some(rope),
+                write,
+            },
+            inputs,
+            vec![fused_out],
+        );
+        assert!(cpu::supports(&fused).is_err(), "the CPU must not fuse it");
+        let got = run_cpu(&fused, &mem, 3);
+        let mut m1 = run_cpu(&node(Op::MatMul, vec![x, w], vec![h]), &mem, 3);
+        let mut last = h;
+        if with_rope {
+            let dst = if cache { r } else { chain_out };
+            m1 = run_cpu(&node(Op::Rope(rope), vec![h, pos], vec![dst]), &m1, 3);
+            last = dst;
+        }
+        if cache {
+            let set = Op::SetRows {
+                start: 3,
+                ring: None,
+            };
+            m1 = run_cpu(&node(set, vec![last], vec![chain_out]), &m1, 3);
+        }
+        assert_eq!(
+            got.bytes(&fused_out),
+            m1.bytes(&chain_out),
+            "{}",
+            fused.op.name()
+        );
+    }
+}

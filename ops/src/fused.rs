@@ -73,6 +73,38 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
             ]
         }
+        Op::MatMulRows { rope, write } => {
+            arity(if rope.is_some() { 3 } else { 2 }, 1)?;
+            let (x, w) = (ins[0], ins[1]);
+            let rows = vec![x.rows(), w.rows()];
+            let mut parts = Vec::new();
+            let mut cur = if rope.is_none() && write.is_none() {
+                outs[0]
+            } else {
+                scratch(DType::F32, &rows)?
+            };
+            parts.push(OpNode::new(Op::MatMul, vec![x, w], vec![cur]));
+            if let Some(r) = rope {
+                let next = if write.is_some() {
+                    scratch(DType::F32, &rows)?
+                } else {
+                    outs[0]
+                };
+                parts.push(OpNode::new(Op::Rope(*r), vec![cur, ins[2]], vec![next]));
+                cur = next;
+            }
+            if let Some(wr) = write {
+                parts.push(OpNode::new(
+                    Op::SetRows {
+                        start: wr.start,
+                        ring: wr.ring,
+                    },
+                    vec![cur],
+                    vec![outs[0]],
+                ));
+            }
+            parts
+        }
         Op::AttentionQuantize(p) => {
             arity(3, 1)?;
             let h = scratch(DType::F32, ins[0].shape.dims())?;
@@ -91,7 +123,16 @@ pub fn decompose(
 pub fn starts_pair(op: &Op) -> bool {
     matches!(
         op,
-        Op::RmsNorm { .. } | Op::SiluMul | Op::Rope(_) | Op::Add | Op::Attention(_)
+        Op::RmsNorm { .. }
+            | Op::SiluMul
+            | Op::Rope(_)
+            | Op::Add
+            | Op::Attention(_)
+            | Op::MatMul
+            | Op::MatMulRows {
+                rope: Some(_),
+                write: None
+            }
     )
 }
 
@@ -126,6 +167,60 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
                 second.outputs.clone(),
             ))
         }
+        // A product read only by its rotation and/or its cache write.
+        (Op::MatMul, Op::Rope(r)) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
+            Op::MatMulRows {
+                rope: Some(*r),
+                write: None,
+            },
+            vec![first.inputs[0], first.inputs[1], second.inputs[1]],
+            second.outputs.clone(),
+        )),
+        (Op::MatMul, Op::SetRows { start, ring }) if reads_out(0) && !keep_intermediate => {
+            Some(OpNode::new(
+                Op::MatMulRows {
+                    rope: None,
+                    write: Some(crate::op::RowsWrite {
+                        start: *start,
+                        ring: *ring,
+                    }),
+                },
+                first.inputs.clone(),
+                second.outputs.clone(),
+            ))
+        }
+        (Op::MatMul, Op::RopeSetRows { rope, start, ring })
+            if reads_out(0) && !keep_intermediate =>
+        {
+            Some(OpNode::new(
+                Op::MatMulRows {
+                    rope: Some(*rope),
+                    write: Some(crate::op::RowsWrite {
+                        start: *start,
+                        ring: *ring,
+                    }),
+                },
+                vec![first.inputs[0], first.inputs[1], second.inputs[1]],
+                second.outputs.clone(),
+            ))
+        }
+        (
+            Op::MatMulRows {
+                rope: Some(r),
+                write: None,
+            },
+            Op::SetRows { start, ring },
+        ) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
+            Op::MatMulRows {
+                rope: Some(*r),
+                write: Some(crate::op::RowsWrite {
+                    start: *start,
+                    ring: *ring,
+                }),
+            },
+            first.inputs.clone(),
+            second.outputs.clone(),
+        )),
         (Op::Attention(p), Op::QuantizeRows) if reads_out(0) && !keep_intermediate => {
             Some(OpNode::new(
                 Op::AttentionQuantize(*p),

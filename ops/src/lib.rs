@@ -26,4 +26,4 @@ pub mod reference;
 mod rules;
 
 pub use builder::{Builder, Recorder};
-pub use op::{AttentionParams, Op, OpNode, RopeMode, RopeParams};
+pub use op::{AttentionParams, Op, OpNode, RopeMode, RopeParams, RowsWrite};

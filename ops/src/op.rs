@@ -26,6 +26,16 @@ pub enum RopeMode {
     Neox,
 }
 
+/// Where a fused node writes its rows as `set_rows` would: cache row
+/// `start` on (modulo `ring` when the cache is a ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowsWrite {
+    /// As in [`Op::SetRows`].
+    pub start: u32,
+    /// As in [`Op::SetRows`].
+    pub ring: Option<u32>,
+}
+
 /// Rotary embedding parameters (YaRN-capable; defaults are plain RoPE).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
@@ -192,6 +202,15 @@ pub enum Op {
         /// As in [`Op::RmsNorm`].
         eps: f32,
     },
+    /// Fused `matmul` then what reads its rows: `rope` (when `rope` is set;
+    /// inputs `x`, `w`, `positions`) and/or `set_rows` into a cache (when
+    /// `write` is set; the output is the cache). Inputs `x`, `w` otherwise.
+    MatMulRows {
+        /// The rotation applied to the product, if any.
+        rope: Option<RopeParams>,
+        /// The cache rows the product is written to, if any.
+        write: Option<RowsWrite>,
+    },
     /// Fused `attention` then `quantize`: inputs `q`, `k`, `v`; output the
     /// attention rows in an activation format (what the output projection
     /// reads).
@@ -279,6 +298,16 @@ impl Op {
             }
             (Op::SetRows { ring: a, .. }, Op::SetRows { ring: b, .. }) => a == b,
             (
+                Op::MatMulRows {
+                    rope: r1,
+                    write: w1,
+                },
+                Op::MatMulRows {
+                    rope: r2,
+                    write: w2,
+                },
+            ) => r1 == r2 && w1.map(|w| w.ring) == w2.map(|w| w.ring),
+            (
                 Op::RopeSetRows {
                     rope: r1, ring: a, ..
                 },
@@ -289,6 +318,15 @@ impl Op {
             _ => self == other,
         }
     }
+    /// Whether the op writes rows of a cache (`set_rows`, alone or fused):
+    /// its declared writes are those rows, its first row a step value.
+    pub fn writes_cache_rows(&self) -> bool {
+        matches!(
+            self,
+            Op::SetRows { .. } | Op::RopeSetRows { .. } | Op::MatMulRows { write: Some(_), .. }
+        )
+    }
+
     /// The attention parameters of an attention op, fused or not.
     pub fn attention_params(&self) -> Option<&AttentionParams> {
         match self {
@@ -335,6 +373,12 @@ impl Op {
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",
+            Op::MatMulRows { rope, write } => match (rope.is_some(), write.is_some()) {
+                (true, true) => "matmul+rope+set_rows",
+                (true, false) => "matmul+rope",
+                (false, true) => "matmul+set_rows",
+                (false, false) => "matmul",
+            },
         }
     }
 }
@@ -368,6 +412,9 @@ impl OpNode {
             (Op::SetRows { start, ring }, Some(dst), Some(src))
             | (Op::RopeSetRows { start, ring, .. }, Some(dst), Some(src)) => {
                 set_rows_ranges(dst, src.rows(), *start, *ring)
+            }
+            (Op::MatMulRows { write: Some(w), .. }, Some(dst), Some(x)) => {
+                set_rows_ranges(dst, x.rows(), w.start, w.ring)
             }
             _ => self.outputs.iter().map(Tensor::range).collect(),
         };

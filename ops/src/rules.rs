@@ -223,7 +223,8 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::AttentionQuantize(_) => {
+        | Op::AttentionQuantize(_)
+        | Op::MatMulRows { .. } => {
             // Valid when every op of the chain it stands for is.
             let mut next = u32::MAX;
             let parts = crate::fused::decompose(node, |dtype, dims| {

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 use weft_graph::{BufferId, ByteRange, Node};
-use weft_ops::{Op, OpNode};
+use weft_ops::OpNode;
 
 /// One merge of the pass: node `first` into its reader `second` (indices
 /// in the recording as it was at that round), keeping the intermediate or not.
@@ -160,7 +160,7 @@ fn readers(nodes: &[Node], payloads: &[OpNode]) -> Vec<Vec<usize>> {
             // Writes fully covered by this one are no longer anyone's data
             // (a cache write's range may be widened beyond the rows it
             // writes, so it retires nothing).
-            if !matches!(payloads[k].op, Op::SetRows { .. } | Op::RopeSetRows { .. }) {
+            if !payloads[k].op.writes_cache_rows() {
                 list.retain(|(old, _)| !(w.start <= old.start && old.end <= w.end));
             }
             if weft_ops::fused::starts_pair(&payloads[k].op) {
@@ -185,7 +185,7 @@ fn movable(nodes: &[Node], i: usize, j: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weft_ops::{DType, Shape, Tensor};
+    use weft_ops::{DType, Op, Shape, Tensor};
 
     fn t(buffer: u32, dtype: DType, dims: &[usize]) -> Tensor {
         Tensor::new(BufferId(buffer), 0, dtype, Shape::new(dims)).unwrap()

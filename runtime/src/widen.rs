@@ -13,7 +13,7 @@ use weft_ops::{Op, OpNode, Shape, Tensor};
 /// nodes is valid at every position.
 pub(crate) fn widen(node: &mut Node, payload: &OpNode) {
     match &payload.op {
-        Op::SetRows { .. } | Op::RopeSetRows { .. } => {
+        op if op.writes_cache_rows() => {
             if let Some(dst) = payload.outputs.first() {
                 node.writes = vec![dst.range()];
             }

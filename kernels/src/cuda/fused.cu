@@ -205,3 +205,66 @@ DEV void rope_set_rows_body(const float* x, const i32* positions, u8* dst, const
 ROPE_SET_ROWS_ENTRY(f32, 0)
 ROPE_SET_ROWS_ENTRY(f16, 1)
 ROPE_SET_ROWS_ENTRY(bf16, 2)
+
+// A decode matvec fused with what reads its rows (`matmul+rope`,
+// `matmul+set_rows`, `matmul+rope+set_rows`): each row's product, then the
+// rope's rotation of its pair (normal mode: rows 2i and 2i + 1 of a head,
+// which lie in neighbouring groups of eight threads of one warp), then the
+// value converted into cache row `start` (from the step scalars), exactly
+// as the separate kernels compute them. D: -1 writes the f32 row itself; 0,
+// 1, 2 write an f32, f16, bf16 cache row.
+template <class F, int CH, bool ROPE, int D>
+DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
+                          const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
+                          const u32* step) {
+    int row;
+    const float s = mv_row32<F, CH>(w, act, m, nb, &row);
+    const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
+    if ((threadIdx.x & 7) != 0 || row >= m) return;
+    float v = s;
+    if (ROPE) {
+        const int j = row % ra.head_dim;
+        if (j < ra.n_dims) {
+            const int pair = j / 2, half = ra.n_dims / 2;
+            const int pos = positions[0];
+            float2 cs;
+            if (pos >= 0 && (u32)pos < ra.table_positions) cs = table[(size_t)pos * half + pair];
+            else cs = rope_angle_fallback(ra, pos, pair);
+            const float x0 = (j & 1) ? other : s, x1 = (j & 1) ? s : other;
+            v = (j & 1) ? __fmaf_rn(x0, cs.y, x1 * cs.x) : __fmaf_rn(x0, cs.x, -(x1 * cs.y));
+        }
+    }
+    if (D < 0) {
+        ((float*)out)[row] = v;
+    } else {
+        u64 p = (u64)(step ? step[0] : start);
+        if (ring != NONE_U32) p %= ring;
+        enc<D < 0 ? 0 : D>(out + p * dst_row, row, v);
+    }
+}
+
+#define MATMUL_ROWS_ENTRY(NAME, F, ROPE, D)                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        NAME(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,         \
+             const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,              \
+             const u32* step) {                                                                \
+        pdl_sync();                                                                            \
+        if (nb > 24)                                                                           \
+            matmul_rows_body<F, 48, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
+                                             dst_row, start, ring, step);                      \
+        else                                                                                   \
+            matmul_rows_body<F, 24, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
+                                             dst_row, start, ring, step);                      \
+    }
+#define MATMUL_ROWS_FORMAT(FMT, F)                                                             \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope, F, true, -1)                                       \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_f32, F, false, 0)                                    \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_f16, F, false, 1)                                    \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_bf16, F, false, 2)                                   \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_f32, F, true, 0)                                \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_f16, F, true, 1)                                \
+    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_bf16, F, true, 2)
+MATMUL_ROWS_FORMAT(q4_0, FmtQ4_0)
+MATMUL_ROWS_FORMAT(q4_1, FmtQ4_1)
+MATMUL_ROWS_FORMAT(q5_0, FmtQ5_0)
+MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)

@@ -230,6 +230,7 @@ pub(super) unsafe fn rope_set_rows(
 pub(super) fn rope_params(node: &OpNode) -> Option<RopeParams> {
     match &node.op {
         weft_ops::Op::RopeSetRows { rope, .. } => Some(*rope),
+        weft_ops::Op::MatMulRows { rope, .. } => *rope,
         _ => None,
     }
 }

@@ -78,8 +78,10 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
 // block. The activation row is staged in shared memory; each thread issues
 // the loads of up to MV_CHUNK blocks of its row before using any (24, or 48
 // for long rows: their second round of loads would cost a memory latency).
+// The product of this thread's weight row (`*row_out`) with the staged
+// activations; valid in the first lane of each group of eight.
 template <class F, int MV_CHUNK>
-DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
+DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out) {
     extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int k = threadIdx.x & 7;
@@ -115,7 +117,15 @@ DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
     }
     float s = hsum8_lanes(acc);
     if (F::HAS_MIN) s = s + summs;
-    if (k == 0 && row < m) out[row] = s;
+    *row_out = row;
+    return s;
+}
+
+template <class F, int MV_CHUNK>
+DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
+    int row;
+    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row);
+    if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
 // Prefill: lane k of eight, two weight rows and eight tokens per thread

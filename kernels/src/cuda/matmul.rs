@@ -10,6 +10,40 @@ use cudarc::driver::CudaStream;
 use weft_ops::quant::vec_dot_type;
 use weft_ops::{DType, OpError, OpNode};
 
+/// Decode matvecs with their rows' consumer fused (`matmul_rows` in
+/// fused.cu): rope (`_rope`), a cache write (`_set_{f32,f16,bf16}`), or
+/// both, for each 32-element weight format, short and long rows.
+pub(super) const ROWS_KERNELS: &[&str] = &[
+    "mm_rows_q4_0_rope",
+    "mm_rows_q4_1_rope",
+    "mm_rows_q5_0_rope",
+    "mm_rows_q8_0_rope",
+    "mm_rows_q4_0_set_f32",
+    "mm_rows_q4_1_set_f32",
+    "mm_rows_q5_0_set_f32",
+    "mm_rows_q8_0_set_f32",
+    "mm_rows_q4_0_set_f16",
+    "mm_rows_q4_1_set_f16",
+    "mm_rows_q5_0_set_f16",
+    "mm_rows_q8_0_set_f16",
+    "mm_rows_q4_0_set_bf16",
+    "mm_rows_q4_1_set_bf16",
+    "mm_rows_q5_0_set_bf16",
+    "mm_rows_q8_0_set_bf16",
+    "mm_rows_q4_0_rope_set_f32",
+    "mm_rows_q4_1_rope_set_f32",
+    "mm_rows_q5_0_rope_set_f32",
+    "mm_rows_q8_0_rope_set_f32",
+    "mm_rows_q4_0_rope_set_f16",
+    "mm_rows_q4_1_rope_set_f16",
+    "mm_rows_q5_0_rope_set_f16",
+    "mm_rows_q8_0_rope_set_f16",
+    "mm_rows_q4_0_rope_set_bf16",
+    "mm_rows_q4_1_rope_set_bf16",
+    "mm_rows_q5_0_rope_set_bf16",
+    "mm_rows_q8_0_rope_set_bf16",
+];
+
 pub(super) const KERNELS: &[&str] = &[
     "mm_q4_0_t1",
     "mm_q4_0_t1_long",
@@ -73,6 +107,136 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
     } else {
         0
     }
+}
+
+/// A decode matmul fused with its rows' consumer (`matmul+rope`,
+/// `matmul+set_rows`, `matmul+rope+set_rows`): one token whose activations
+/// are already in the weights' dot type, a 32-element weight format, and a
+/// rope in the normal mode (its pairs are adjacent rows, so one block holds
+/// both).
+pub(super) fn supports_rows(
+    node: &OpNode,
+    rope: Option<&weft_ops::RopeParams>,
+    write: Option<weft_ops::RowsWrite>,
+) -> Result<(), OpError> {
+    const OP: &str = "matmul_rows";
+    let (x, w) = (&node.inputs[0], &node.inputs[1]);
+    if !matches!(
+        w.dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0
+    ) {
+        return Err(unsupported(OP, format!("{} weights", w.dtype)));
+    }
+    if x.rows() != 1 || x.dtype != vec_dot_type(w.dtype) {
+        return Err(unsupported(
+            OP,
+            format!(
+                "{} rows of {} activations (one token, quantized)",
+                x.rows(),
+                x.dtype
+            ),
+        ));
+    }
+    if let Some(r) = rope {
+        if r.mode != weft_ops::RopeMode::Normal
+            || r.head_dim == 0
+            || !r.head_dim.is_multiple_of(2)
+            || r.n_dims > r.head_dim
+            || !r.n_dims.is_multiple_of(2)
+        {
+            return Err(unsupported(
+                OP,
+                format!(
+                    "a {:?} rope of {} of {} dimensions",
+                    r.mode, r.n_dims, r.head_dim
+                ),
+            ));
+        }
+    }
+    if write.is_some() {
+        super::rows::supports_set_rows(&node.outputs[0])?;
+    }
+    Ok(())
+}
+
+/// Launches a fused decode matmul (`supports_rows`).
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch_rows(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    rope: Option<&weft_ops::RopeParams>,
+    write: Option<weft_ops::RowsWrite>,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    step: u64,
+) -> Result<(), OpError> {
+    const OP: &str = "matmul_rows";
+    let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
+    let (k, m) = (w.tensor.cols(), w.tensor.rows());
+    check_aligned(OP, w, natural_alignment(w.tensor.dtype))?;
+    check_aligned(OP, x, natural_alignment(x.tensor.dtype))?;
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    let fmt = match w.tensor.dtype {
+        DType::Q4_0 => "q4_0",
+        DType::Q4_1 => "q4_1",
+        DType::Q5_0 => "q5_0",
+        DType::Q8_0 => "q8_0",
+        other => return Err(unsupported(OP, format!("{other} weights"))),
+    };
+    let (positions, table, rope_args) = match rope {
+        Some(p) => {
+            let (table, len) = kernels.rope_table(p).ok_or_else(|| {
+                bad_call(
+                    OP,
+                    "the rope table for these parameters is not prepared: call prepare() first"
+                        .into(),
+                )
+            })?;
+            let pos = ins
+                .get(2)
+                .ok_or_else(|| bad_call(OP, "a rope needs its positions input".into()))?;
+            (pos.ptr, table, super::rope::rope_args(p, 1, m, len))
+        }
+        None => (0, 0, super::rope::RopeArgs::default()),
+    };
+    let dst = match out.tensor.dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        _ => "bf16",
+    };
+    let name = match (rope.is_some(), write.is_some()) {
+        (true, false) => format!("mm_rows_{fmt}_rope"),
+        (false, true) => format!("mm_rows_{fmt}_set_{dst}"),
+        (true, true) => format!("mm_rows_{fmt}_rope_set_{dst}"),
+        (false, false) => return Err(bad_call(OP, "neither a rope nor a cache write".into())),
+    };
+    let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
+    let nb = k / 32;
+    let rows = MV_ROWS_PER_BLOCK;
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &name)?,
+        (m.div_ceil(rows) as u32, 1, 1),
+        8 * rows as u32,
+        act_row as u32,
+        &[
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(m as i32),
+            Arg::I32(nb as i32),
+            Arg::Ptr(positions),
+            Arg::Ptr(table),
+            Arg::Rope(rope_args),
+            Arg::U64(out.tensor.row_bytes() as u64),
+            Arg::U32(write.map_or(0, |w| w.start)),
+            Arg::U32(write.and_then(|w| w.ring).unwrap_or(u32::MAX)),
+            Arg::Ptr(step),
+        ],
+        OP,
+    )
 }
 
 /// Kernels that stage activations in more than 48 KiB of shared memory for

@@ -109,6 +109,7 @@ impl CudaKernels {
             elementwise::KERNELS,
             fused::KERNELS,
             matmul::KERNELS,
+            matmul::ROWS_KERNELS,
             norm::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
@@ -122,7 +123,11 @@ impl CudaKernels {
             )
             .map_err(|e| driver_error("cuda", "reading the shared-memory limit", e))?
             .max(48 * 1024) as usize;
-        for &name in matmul::LARGE_SHARED.iter().chain(attention::LARGE_SHARED) {
+        for &name in matmul::LARGE_SHARED
+            .iter()
+            .chain(matmul::ROWS_KERNELS)
+            .chain(attention::LARGE_SHARED)
+        {
             fns.get("matmul", name)?
                 .set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -161,6 +166,7 @@ impl CudaKernels {
             Op::SetRows { .. } => rows::supports_set_rows(&node.outputs[0]),
             Op::Attention(p) => attention::supports(node, p),
             Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
+            Op::MatMulRows { rope, write } => matmul::supports_rows(node, rope.as_ref(), *write),
             Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
                     return Err(launch::unsupported(
@@ -229,6 +235,7 @@ impl CudaKernels {
         match &node.op {
             Op::Attention(p) | Op::AttentionQuantize(p) => attention::step_scalars(node, p),
             Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
+            Op::MatMulRows { write: Some(w), .. } => vec![w.start],
             _ => Vec::new(),
         }
     }
@@ -246,6 +253,16 @@ impl CudaKernels {
                 q_position: 0,
                 ..*p
             }),
+            Op::MatMulRows {
+                rope,
+                write: Some(w),
+            } => Op::MatMulRows {
+                rope: *rope,
+                write: Some(weft_ops::RowsWrite {
+                    start: 0,
+                    ring: w.ring,
+                }),
+            },
             Op::SetRows { ring, .. } => Op::SetRows {
                 start: 0,
                 ring: *ring,
@@ -341,6 +358,9 @@ impl CudaKernels {
             Op::GetRows => rows::get_rows(self, s, ins, outs),
             Op::QuantizeRows => rows::quantize(self, s, ins, outs),
             Op::MatMul => matmul::launch(self, s, node, ins, outs, scratch),
+            Op::MatMulRows { rope, write } => {
+                matmul::launch_rows(self, s, rope.as_ref(), *write, ins, outs, step)
+            }
             Op::RmsNorm { eps } => norm::rms_norm(self, s, ins, outs, *eps),
             Op::LayerNorm { eps } => norm::layer_norm(self, s, ins, outs, *eps),
             Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul | Op::Gelu | Op::GeluMul => {

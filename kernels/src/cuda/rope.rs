@@ -21,7 +21,7 @@ pub const TABLE_POSITIONS_ENV: &str = "WEFT_CUDA_ROPE_POSITIONS";
 
 /// The CUDA-side parameters (layout of `RopeArgs` in rope.cu).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RopeArgs {
     rows: i32,
     cols: i32,

@@ -196,7 +196,8 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::AttentionQuantize(_) => {
+        | Op::AttentionQuantize(_)
+        | Op::MatMulRows { .. } => {
             return Err(OpError::Record(format!(
                 "`{}` was not decomposed",
                 node.op.name()
