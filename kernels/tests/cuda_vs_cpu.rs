@@ -671,6 +671,39 @@ fn matmul_rows_bit_exact() {
     }
 }
 
+/// The feed-forward's middle fused: gate projection (and up projection),
+/// silu_mul and quantize, bit for bit with the CPU's chain; short and long
+/// rows (two rounds of weight loads).
+#[test]
+fn matmul_silu_quantize_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(37);
+    for wdtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
+        for (m, k) in [(1536, 576), (64, 1536)] {
+            for out_dtype in [DType::Q8_1, DType::Q8_0] {
+                for up in [true, false] {
+                    let mut mem = HostMemory::default();
+                    let adtype = vec_dot_type(wdtype);
+                    let wg = weights(&mut rng, &mut mem, wdtype, m, k);
+                    let third = if up {
+                        weights(&mut rng, &mut mem, wdtype, m, k)
+                    } else {
+                        mem.f32_tensor(&[1, m], &rng.vec(m, 2.0)).unwrap()
+                    };
+                    let act = rng.rows(1, k);
+                    let x = mem
+                        .tensor(adtype, &[1, k], &quantized(adtype, &act))
+                        .unwrap();
+                    let out = mem.zeros(out_dtype, &[1, m]).unwrap();
+                    let nd = node(Op::MatMulSiluQuantize { up }, vec![x, wg, third], vec![out]);
+                    let what = format!("{} {wdtype} {m}x{k} -> {out_dtype}", nd.op.name());
+                    check_exact(g, &what, &nd, &mut mem);
+                }
+            }
+        }
+    }
+}
+
 /// Attention fused with quantize (the one-chunk kernel writes Q8_0 / Q8_1
 /// blocks): the CPU's attention then quantize, bit for bit.
 #[test]

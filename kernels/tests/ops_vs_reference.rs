@@ -839,3 +839,42 @@ fn matmul_rows_equals_its_chain() {
         );
     }
 }
+
+/// The feed-forward's middle fused (gate projection, optionally the up
+/// projection, silu_mul, quantize), run whole on the CPU, equals its chain.
+#[test]
+fn matmul_silu_quantize_equals_its_chain() {
+    let mut rng = Rng(47);
+    let (m, k) = (64, 128);
+    for up in [true, false] {
+        let mut mem = HostMemory::default();
+        let x = mem.f32_tensor(&[1, k], &rng.vec(k, 1.0)).unwrap();
+        let wg = mem.f32_tensor(&[m, k], &rng.vec(m * k, 1.0)).unwrap();
+        let wu = mem.f32_tensor(&[m, k], &rng.vec(m * k, 1.0)).unwrap();
+        let g = mem.zeros(DType::F32, &[1, m]).unwrap();
+        let u = mem.zeros(DType::F32, &[1, m]).unwrap();
+        let fused_out = mem.zeros(DType::Q8_1, &[1, m]).unwrap();
+        let chain_out = mem.zeros(DType::Q8_1, &[1, m]).unwrap();
+        let mem = run_cpu(&node(Op::MatMul, vec![x, wu], vec![u]), &mem, 3);
+        let third = if up { wu } else { u };
+        let fused = node(
+            Op::MatMulSiluQuantize { up },
+            vec![x, wg, third],
+            vec![fused_out],
+        );
+        assert!(cpu::supports(&fused).is_err(), "the CPU must not fuse it");
+        let got = run_cpu(&fused, &mem, 3);
+        let m1 = run_cpu(&node(Op::MatMul, vec![x, wg], vec![g]), &mem, 3);
+        let m2 = run_cpu(
+            &node(Op::SiluMulQuantize, vec![g, u], vec![chain_out]),
+            &m1,
+            3,
+        );
+        assert_eq!(
+            got.bytes(&fused_out),
+            m2.bytes(&chain_out),
+            "{}",
+            fused.op.name()
+        );
+    }
+}

@@ -105,6 +105,22 @@ pub fn decompose(
             }
             parts
         }
+        Op::MatMulSiluQuantize { up } => {
+            arity(3, 1)?;
+            let (x, wg) = (ins[0], ins[1]);
+            let g = scratch(DType::F32, &[x.rows(), wg.rows()])?;
+            let mut parts = Vec::new();
+            let u = if *up {
+                let u = scratch(DType::F32, &[x.rows(), ins[2].rows()])?;
+                parts.push(OpNode::new(Op::MatMul, vec![x, ins[2]], vec![u]));
+                u
+            } else {
+                ins[2]
+            };
+            parts.push(OpNode::new(Op::MatMul, vec![x, wg], vec![g]));
+            parts.push(OpNode::new(Op::SiluMulQuantize, vec![g, u], vec![outs[0]]));
+            parts
+        }
         Op::AttentionQuantize(p) => {
             arity(3, 1)?;
             let h = scratch(DType::F32, ins[0].shape.dims())?;
@@ -221,6 +237,24 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
             first.inputs.clone(),
             second.outputs.clone(),
         )),
+        // The gate projection into silu_mul + quantize; then the up
+        // projection (same activations) into that.
+        (Op::MatMul, Op::SiluMulQuantize) if reads_out(0) && !keep_intermediate => {
+            Some(OpNode::new(
+                Op::MatMulSiluQuantize { up: false },
+                vec![first.inputs[0], first.inputs[1], second.inputs[1]],
+                second.outputs.clone(),
+            ))
+        }
+        (Op::MatMul, Op::MatMulSiluQuantize { up: false })
+            if reads_out(2) && !keep_intermediate && first.inputs[0] == second.inputs[0] =>
+        {
+            Some(OpNode::new(
+                Op::MatMulSiluQuantize { up: true },
+                vec![first.inputs[0], second.inputs[1], first.inputs[1]],
+                second.outputs.clone(),
+            ))
+        }
         (Op::Attention(p), Op::QuantizeRows) if reads_out(0) && !keep_intermediate => {
             Some(OpNode::new(
                 Op::AttentionQuantize(*p),

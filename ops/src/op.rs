@@ -211,6 +211,15 @@ pub enum Op {
         /// The cache rows the product is written to, if any.
         write: Option<RowsWrite>,
     },
+    /// Fused gate projection, `silu_mul` and `quantize` (a feed-forward's
+    /// middle): inputs `x`, `w_gate` and the up projection's output `u`
+    /// (`up` false) or its weights `w_up` (`up` true: both products in one
+    /// node); output `quantize(silu(x @ w_gate^T) * u)`.
+    MatMulSiluQuantize {
+        /// The up projection is computed by the node (inputs `x`, `w_gate`,
+        /// `w_up`) rather than read (inputs `x`, `w_gate`, `u`).
+        up: bool,
+    },
     /// Fused `attention` then `quantize`: inputs `q`, `k`, `v`; output the
     /// attention rows in an activation format (what the output projection
     /// reads).
@@ -373,6 +382,8 @@ impl Op {
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",
+            Op::MatMulSiluQuantize { up: false } => "matmul+silu_mul+quantize",
+            Op::MatMulSiluQuantize { up: true } => "gate_up+silu_mul+quantize",
             Op::MatMulRows { rope, write } => match (rope.is_some(), write.is_some()) {
                 (true, true) => "matmul+rope+set_rows",
                 (true, false) => "matmul+rope",

@@ -224,7 +224,8 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
-        | Op::MatMulRows { .. } => {
+        | Op::MatMulRows { .. }
+        | Op::MatMulSiluQuantize { .. } => {
             // Valid when every op of the chain it stands for is.
             let mut next = u32::MAX;
             let parts = crate::fused::decompose(node, |dtype, dims| {

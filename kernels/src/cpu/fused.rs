@@ -16,6 +16,10 @@ thread_local! {
 /// Buffer ids standing for scratch intermediates inside one work item.
 const SCRATCH_BASE: u32 = u32::MAX - 64;
 
+/// Buffer ids of [`run_whole`]'s intermediates (below [`SCRATCH_BASE`]: a
+/// part may itself be a row-split fused op with scratch of its own).
+const WHOLE_SCRATCH_BASE: u32 = SCRATCH_BASE - 64;
+
 /// `t` restricted to `rows` when it is row-aligned with the chain's input
 /// (`total` rows, or one element per row); broadcast tensors (a norm
 /// weight) stay whole.
@@ -150,7 +154,7 @@ pub(super) unsafe fn run_whole(
     let mut scratch: Vec<(Tensor, Vec<u8>)> = Vec::new();
     let parts = weft_ops::fused::decompose(node, |dtype, dims| {
         let t = Tensor::new(
-            BufferId(SCRATCH_BASE + scratch.len() as u32),
+            BufferId(WHOLE_SCRATCH_BASE + scratch.len() as u32),
             0,
             dtype,
             Shape::new(dims),

@@ -268,3 +268,40 @@ MATMUL_ROWS_FORMAT(q4_0, FmtQ4_0)
 MATMUL_ROWS_FORMAT(q4_1, FmtQ4_1)
 MATMUL_ROWS_FORMAT(q5_0, FmtQ5_0)
 MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)
+
+// The feed-forward's middle, fused: 32 rows of the gate projection per
+// block (and of the up projection, UP; else `u` is read), silu(gate) * up
+// per row as silu_mul computes it, and the block's 32 values quantized as
+// one Q8_0 / Q8_1 block (F) exactly as silu_mul+quantize quantizes them.
+template <class F, bool UP, int OUTF>
+DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m,
+                                int nb) {
+    __shared__ float vals[32];
+    int row;
+    float s[2];
+    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s);
+    else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row);
+    if ((threadIdx.x & 7) == 0) {
+        const float g = s[0];
+        const float u = UP ? s[1] : ((const float*)wu_or_u)[row];
+        vals[threadIdx.x >> 3] = (g / (1.0f + ggml_v_expf(0.0f - g))) * u;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) quant_q8_warp<OUTF>(vals[threadIdx.x], out + (size_t)blockIdx.x * (OUTF == 1 ? 36 : 34));
+}
+
+#define MATMUL_SILU_ENTRY(NAME, F, UP, OUTF)                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        NAME(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m, int nb) {         \
+        pdl_sync();                                                                            \
+        matmul_silu_quant_body<F, UP, OUTF>(wg, wu_or_u, act, out, m, nb);                     \
+    }
+#define MATMUL_SILU_FORMAT(FMT, F)                                                             \
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0)                                       \
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_1, F, false, 1)                                       \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0, F, true, 0)                                \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1, F, true, 1)
+MATMUL_SILU_FORMAT(q4_0, FmtQ4_0)
+MATMUL_SILU_FORMAT(q4_1, FmtQ4_1)
+MATMUL_SILU_FORMAT(q5_0, FmtQ5_0)
+MATMUL_SILU_FORMAT(q8_0, FmtQ8_0)

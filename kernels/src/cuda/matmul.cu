@@ -78,46 +78,68 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
 // block. The activation row is staged in shared memory; each thread issues
 // the loads of up to MV_CHUNK blocks of its row before using any (24, or 48
 // for long rows: their second round of loads would cost a memory latency).
-// The product of this thread's weight row (`*row_out`) with the staged
-// activations; valid in the first lane of each group of eight.
-template <class F, int MV_CHUNK>
-DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out) {
+// The products of this thread's weight row (`*row_out`) of NW matrices
+// (w0, and w1 when NW is 2) with the staged activations, into s[0..NW);
+// valid in the first lane of each group of eight. Every matrix's loads are
+// issued before any is used.
+template <class F, int MV_CHUNK, int NW>
+DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int* row_out,
+                   float* s) {
     extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int k = threadIdx.x & 7;
     const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
     const int r = min(row, m - 1);
-    const u8* wrow = w + (size_t)r * nb * F::BYTES;
-    u32 wq[MV_CHUNK];
-    float wd[MV_CHUNK], wm[MV_CHUNK];
+    const u8* wrow[2] = {w0 + (size_t)r * nb * F::BYTES, NW > 1 ? w1 + (size_t)r * nb * F::BYTES : 0};
+    u32 wq[NW][MV_CHUNK];
+    float wd[NW][MV_CHUNK], wm[NW][MV_CHUNK];
     auto load = [&](int b0) {
 #pragma unroll
-        for (int j = 0; j < MV_CHUNK; j++) {
-            const u8* wb = wrow + (size_t)min(b0 + j, nb - 1) * F::BYTES;
-            wq[j] = F::codes(wb, k);
-            wd[j] = ld_f16(wb);
-            wm[j] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+        for (int i = 0; i < NW; i++) {
+#pragma unroll
+            for (int j = 0; j < MV_CHUNK; j++) {
+                const u8* wb = wrow[i] + (size_t)min(b0 + j, nb - 1) * F::BYTES;
+                wq[i][j] = F::codes(wb, k);
+                wd[i][j] = ld_f16(wb);
+                wm[i][j] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+            }
         }
     };
     load(0);
     stage_bytes(mm_dyn, act, nb * A::BYTES);
     __syncthreads();
-    float acc = 0.0f, summs = 0.0f;
+    float acc[NW], summs[NW];
+#pragma unroll
+    for (int i = 0; i < NW; i++) acc[i] = summs[i] = 0.0f;
     for (int b0 = 0; b0 < nb; b0 += MV_CHUNK) {
         if (b0 > 0) load(b0);
 #pragma unroll
         for (int j = 0; j < MV_CHUNK; j++) {
             if (b0 + j < nb) {
                 const u8* ab = mm_dyn + (b0 + j) * A::BYTES;
-                const int isum = __dp4a((int)wq[j], (int)A::quants(ab, k), 0);
-                acc = __fmaf_rn(__fmul_rn(wd[j], ld_f16(ab)), (float)isum, acc);
-                if (F::HAS_MIN) summs = __fmaf_rn(wm[j], ld_f16(ab + 2), summs);
+                const u32 aq = A::quants(ab, k);
+                const float ad = ld_f16(ab);
+#pragma unroll
+                for (int i = 0; i < NW; i++) {
+                    const int isum = __dp4a((int)wq[i][j], (int)aq, 0);
+                    acc[i] = __fmaf_rn(__fmul_rn(wd[i][j], ad), (float)isum, acc[i]);
+                    if (F::HAS_MIN) summs[i] = __fmaf_rn(wm[i][j], ld_f16(ab + 2), summs[i]);
+                }
             }
         }
     }
-    float s = hsum8_lanes(acc);
-    if (F::HAS_MIN) s = s + summs;
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        s[i] = hsum8_lanes(acc[i]);
+        if (F::HAS_MIN) s[i] = s[i] + summs[i];
+    }
     *row_out = row;
+}
+
+template <class F, int MV_CHUNK>
+DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out) {
+    float s;
+    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s);
     return s;
 }
 

@@ -44,6 +44,28 @@ pub(super) const ROWS_KERNELS: &[&str] = &[
     "mm_rows_q8_0_rope_set_bf16",
 ];
 
+/// The feed-forward's middle fused (`matmul_silu_quant_body` in fused.cu):
+/// the gate projection (and the up projection, `gate_up`), silu_mul and
+/// quantize, per weight format and activation format.
+pub(super) const SILU_KERNELS: &[&str] = &[
+    "mm_silu_q4_0_q8_0",
+    "mm_silu_q4_0_q8_1",
+    "mm_silu_q4_1_q8_0",
+    "mm_silu_q4_1_q8_1",
+    "mm_silu_q5_0_q8_0",
+    "mm_silu_q5_0_q8_1",
+    "mm_silu_q8_0_q8_0",
+    "mm_silu_q8_0_q8_1",
+    "mm_gate_up_silu_q4_0_q8_0",
+    "mm_gate_up_silu_q4_0_q8_1",
+    "mm_gate_up_silu_q4_1_q8_0",
+    "mm_gate_up_silu_q4_1_q8_1",
+    "mm_gate_up_silu_q5_0_q8_0",
+    "mm_gate_up_silu_q5_0_q8_1",
+    "mm_gate_up_silu_q8_0_q8_0",
+    "mm_gate_up_silu_q8_0_q8_1",
+];
+
 pub(super) const KERNELS: &[&str] = &[
     "mm_q4_0_t1",
     "mm_q4_0_t1_long",
@@ -159,6 +181,109 @@ pub(super) fn supports_rows(
     Ok(())
 }
 
+/// The 32-element weight formats' kernel-name part.
+fn block32_name(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
+    match dtype {
+        DType::Q4_0 => Ok("q4_0"),
+        DType::Q4_1 => Ok("q4_1"),
+        DType::Q5_0 => Ok("q5_0"),
+        DType::Q8_0 => Ok("q8_0"),
+        other => Err(unsupported(op, format!("{other} weights"))),
+    }
+}
+
+/// The gate projection (and the up projection, `up`) fused with silu_mul
+/// and quantize: one token of quantized activations, 32-element weight
+/// formats (gate and up alike), a Q8_0 / Q8_1 output of whole blocks.
+pub(super) fn supports_silu(node: &OpNode, up: bool) -> Result<(), OpError> {
+    const OP: &str = "matmul_silu_quantize";
+    let (x, wg, third, out) = (
+        &node.inputs[0],
+        &node.inputs[1],
+        &node.inputs[2],
+        &node.outputs[0],
+    );
+    block32_name(OP, wg.dtype)?;
+    if up && third.dtype != wg.dtype {
+        return Err(unsupported(
+            OP,
+            format!("{} gate and {} up weights", wg.dtype, third.dtype),
+        ));
+    }
+    if !up && third.dtype != DType::F32 {
+        return Err(unsupported(OP, format!("a {} up product", third.dtype)));
+    }
+    if x.rows() != 1 || x.dtype != vec_dot_type(wg.dtype) {
+        return Err(unsupported(
+            OP,
+            format!(
+                "{} rows of {} activations (one token, quantized)",
+                x.rows(),
+                x.dtype
+            ),
+        ));
+    }
+    if !matches!(out.dtype, DType::Q8_0 | DType::Q8_1) || !wg.rows().is_multiple_of(32) {
+        return Err(unsupported(
+            OP,
+            format!(
+                "{} rows into {} (Q8_0 / Q8_1 blocks of 32 rows)",
+                wg.rows(),
+                out.dtype
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Launches the fused feed-forward middle (`supports_silu`).
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch_silu(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    up: bool,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<(), OpError> {
+    const OP: &str = "matmul_silu_quantize";
+    let (x, wg, third, out) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+    let (k, m) = (wg.tensor.cols(), wg.tensor.rows());
+    for t in [x, wg, out] {
+        check_aligned(OP, t, natural_alignment(t.tensor.dtype))?;
+    }
+    check_aligned(OP, third, natural_alignment(third.tensor.dtype).max(4))?;
+    let fmt = block32_name(OP, wg.tensor.dtype)?;
+    let act = if out.tensor.dtype == DType::Q8_1 {
+        "q8_1"
+    } else {
+        "q8_0"
+    };
+    let name = if up {
+        format!("mm_gate_up_silu_{fmt}_{act}")
+    } else {
+        format!("mm_silu_{fmt}_{act}")
+    };
+    let act_row = vec_dot_type(wg.tensor.dtype).row_bytes(k).unwrap_or(0);
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &name)?,
+        ((m / 32) as u32, 1, 1),
+        256,
+        act_row as u32,
+        &[
+            Arg::Ptr(wg.ptr),
+            Arg::Ptr(third.ptr),
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(m as i32),
+            Arg::I32((k / 32) as i32),
+        ],
+        OP,
+    )
+}
+
 /// Launches a fused decode matmul (`supports_rows`).
 ///
 /// # Safety
@@ -178,13 +303,7 @@ pub(super) unsafe fn launch_rows(
     check_aligned(OP, w, natural_alignment(w.tensor.dtype))?;
     check_aligned(OP, x, natural_alignment(x.tensor.dtype))?;
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let fmt = match w.tensor.dtype {
-        DType::Q4_0 => "q4_0",
-        DType::Q4_1 => "q4_1",
-        DType::Q5_0 => "q5_0",
-        DType::Q8_0 => "q8_0",
-        other => return Err(unsupported(OP, format!("{other} weights"))),
-    };
+    let fmt = block32_name(OP, w.tensor.dtype)?;
     let (positions, table, rope_args) = match rope {
         Some(p) => {
             let (table, len) = kernels.rope_table(p).ok_or_else(|| {

@@ -110,6 +110,7 @@ impl CudaKernels {
             fused::KERNELS,
             matmul::KERNELS,
             matmul::ROWS_KERNELS,
+            matmul::SILU_KERNELS,
             norm::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
@@ -167,6 +168,7 @@ impl CudaKernels {
             Op::Attention(p) => attention::supports(node, p),
             Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
             Op::MatMulRows { rope, write } => matmul::supports_rows(node, rope.as_ref(), *write),
+            Op::MatMulSiluQuantize { up } => matmul::supports_silu(node, *up),
             Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
                     return Err(launch::unsupported(
@@ -361,6 +363,7 @@ impl CudaKernels {
             Op::MatMulRows { rope, write } => {
                 matmul::launch_rows(self, s, rope.as_ref(), *write, ins, outs, step)
             }
+            Op::MatMulSiluQuantize { up } => matmul::launch_silu(self, s, *up, ins, outs),
             Op::RmsNorm { eps } => norm::rms_norm(self, s, ins, outs, *eps),
             Op::LayerNorm { eps } => norm::layer_norm(self, s, ins, outs, *eps),
             Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul | Op::Gelu | Op::GeluMul => {

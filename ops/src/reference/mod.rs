@@ -197,7 +197,8 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
-        | Op::MatMulRows { .. } => {
+        | Op::MatMulRows { .. }
+        | Op::MatMulSiluQuantize { .. } => {
             return Err(OpError::Record(format!(
                 "`{}` was not decomposed",
                 node.op.name()
