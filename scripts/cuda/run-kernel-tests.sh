@@ -50,7 +50,7 @@ if [ -n "${WEFT_NCU:-}" ]; then
   grep -E "^  [a-z_0-9]+\(|Duration|Warp Cycles Per Issued|Stall|Issued Warp|Registers Per|Achieved Occupancy|Eligible Warps|One or More|No Eligible" "$OUT/ncu.log" | head -60
   # Per-instruction stall samples (SASS) of the first matching launch, as CSV.
   if [ -n "${WEFT_NCU_SOURCE:-}" ]; then
-    timeout 240 "$NCU" --clock-control none -k "regex:$WEFT_NCU" -s 20 -c 1 --section WarpStateStats --section SourceCounters \
+    timeout 240 "$NCU" --clock-control none -k "regex:$WEFT_NCU" -s 20 -c 1 --warp-sampling-interval 0 --section WarpStateStats --section SourceCounters \
       --page source --print-source sass --csv \
       env WEFT_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/ncu-source.csv" 2>&1 || status=1
     wc -l "$OUT/ncu-source.csv"
