@@ -122,9 +122,13 @@ impl Model {
             };
             produced += 1;
             if !on_token(id) {
-                // The step after it embeds a token the caller refused.
+                // The step after it embeds a token the caller refused: drained,
+                // never published. Its failure cannot undo the ids handed
+                // over, but the device is suspect: the cache says so.
                 if let Some(p) = next {
-                    p.work.wait()?;
+                    if let Err(e) = p.work.wait() {
+                        cache.poison(&format!("a discarded greedy step failed: {e}"));
+                    }
                 }
                 return Ok(produced);
             }

@@ -239,7 +239,9 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
         )),
         // The gate projection into silu_mul + quantize; then the up
         // projection (same activations) into that.
-        (Op::MatMul, Op::SiluMulQuantize) if reads_out(0) && !keep_intermediate => {
+        (Op::MatMul, Op::SiluMulQuantize)
+            if reads_out(0) && !keep_intermediate && second.inputs[1] != out =>
+        {
             Some(OpNode::new(
                 Op::MatMulSiluQuantize { up: false },
                 vec![first.inputs[0], first.inputs[1], second.inputs[1]],

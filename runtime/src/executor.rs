@@ -266,6 +266,8 @@ impl GraphExecutor {
         // it would keep the memory alive.
         self.step_plans
             .retain(|p| !p.buffers.iter().any(|(b, _)| *b == id));
+        // A named tensor in it is gone too (its id may be reused).
+        self.named.retain(|_, t| t.buffer != id);
     }
 
     pub(crate) fn entry(&self, id: BufferId) -> Result<&BufferEntry, RuntimeError> {
@@ -343,6 +345,11 @@ impl GraphExecutor {
 
     fn read_bytes_now(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         self.synchronize();
+        // A failed device (a kernel fault) must fail the read, not be read past.
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            cuda.synchronize()?;
+        }
         self.read_unsynchronized(t)
     }
 

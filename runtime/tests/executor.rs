@@ -262,3 +262,22 @@ fn layers_per_command_buffer_cut_the_recording() {
     inflight.wait().unwrap();
     assert_eq!((exec.counters() - before).command_buffers, 3);
 }
+
+/// A named tensor is allocated once and handed back on later calls; asking
+/// with another shape is an error; released, it is forgotten (its id may be
+/// reused by another allocation).
+#[test]
+fn named_tensors_persist_until_released() {
+    let mut exec = GraphExecutor::new(Device::Cpu).unwrap();
+    let a = exec.named_tensor("ids", DType::I32, &[1]).unwrap();
+    let b = exec.named_tensor("ids", DType::I32, &[1]).unwrap();
+    assert_eq!(a, b);
+    let err = exec.named_tensor("ids", DType::F32, &[2]).unwrap_err();
+    assert!(err.to_string().contains("`ids`"), "{err}");
+    exec.release_buffer(a.buffer);
+    let other = exec.alloc_tensor(DType::F32, &[64], "other").unwrap();
+    let c = exec.named_tensor("ids", DType::I32, &[1]).unwrap();
+    assert_ne!(c.buffer, other.buffer);
+    exec.write_bytes(&c, &7i32.to_le_bytes()).unwrap();
+    assert_eq!(exec.read_i32(&c).unwrap(), vec![7]);
+}

@@ -65,14 +65,31 @@ pub(crate) fn f64_sum_method(op: &'static str) -> Result<i32, OpError> {
 }
 
 /// The environment variable switching programmatic dependent launch off
-/// (`0`) or on (`1`, the default): every kernel is launched allowed to start
+/// (`0`) or on (`1`, the default; devices before compute capability 9.0
+/// never use it): every kernel is launched allowed to start
 /// while the kernel before it in its stream (or captured graph) finishes;
 /// each kernel waits at its entry (`pdl_sync` in common.cu) until that one
 /// completed, so only the launch latency overlaps, never the work.
 pub const PDL_ENV: &str = "WEFT_CUDA_PDL";
 
-/// Whether launches use programmatic dependent launch ([`PDL_ENV`], read once).
+/// Whether every device loaded so far supports programmatic dependent
+/// launch (compute capability 9.0 or later).
+static PDL_CAPABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Records a loaded device's compute capability (major version): below 9,
+/// launches stay plain.
+pub(crate) fn note_compute_capability(major: i32) {
+    if major < 9 {
+        PDL_CAPABLE.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether launches use programmatic dependent launch ([`PDL_ENV`], read
+/// once, and a device that has it).
 fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
+    if !PDL_CAPABLE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(false);
+    }
     static PDL: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
     let v = PDL.get_or_init(|| match std::env::var(PDL_ENV).as_deref() {
         Err(_) | Ok("1") => Ok(true),

@@ -181,6 +181,23 @@ pub(super) fn supports_rows(
     Ok(())
 }
 
+/// A decode kernel stages the activation row in shared memory: refuses rows
+/// past the device's limit.
+fn check_act_row(
+    op: &'static str,
+    kernels: &CudaKernels,
+    act_row: usize,
+    k: usize,
+) -> Result<(), OpError> {
+    if act_row > kernels.large_shared_limit {
+        return Err(bad_call(
+            op,
+            format!("rows of {k} need {act_row} bytes of shared memory per block"),
+        ));
+    }
+    Ok(())
+}
+
 /// The 32-element weight formats' kernel-name part.
 fn block32_name(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
     match dtype {
@@ -266,6 +283,7 @@ pub(super) unsafe fn launch_silu(
         format!("mm_silu_{fmt}_{act}")
     };
     let act_row = vec_dot_type(wg.tensor.dtype).row_bytes(k).unwrap_or(0);
+    check_act_row(OP, kernels, act_row, k)?;
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
@@ -332,6 +350,7 @@ pub(super) unsafe fn launch_rows(
         (false, false) => return Err(bad_call(OP, "neither a rope nor a cache write".into())),
     };
     let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
+    check_act_row(OP, kernels, act_row, k)?;
     let nb = k / 32;
     let rows = MV_ROWS_PER_BLOCK;
     enqueue(

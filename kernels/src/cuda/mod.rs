@@ -127,6 +127,7 @@ impl CudaKernels {
         for &name in matmul::LARGE_SHARED
             .iter()
             .chain(matmul::ROWS_KERNELS)
+            .chain(matmul::SILU_KERNELS)
             .chain(attention::LARGE_SHARED)
         {
             fns.get("matmul", name)?

@@ -128,6 +128,9 @@ impl Functions {
             .compute_capability()
             .map_err(|e| driver_error("cuda", "reading the compute capability", e))?;
         let arch = format!("sm_{major}{minor}");
+        // Programmatic dependent launch needs sm_90 (pdl_sync compiles to
+        // nothing below it).
+        super::launch::note_compute_capability(major);
         let ptx = ptx_for(&arch)?;
         let module = ctx
             .load_module(Ptx::from_src(ptx.to_string()))

@@ -137,10 +137,12 @@ impl KvCache {
     /// not yet published (a pipelined decode records step `k + 1` while step
     /// `k` runs; each is published, in order, once drained). The same
     /// refusals as [`KvCache::plan_prefill`], with the in-flight tokens
-    /// counted against the context. A step that is never published (its
-    /// rows were written past the published position) is never visible:
-    /// attention only reads published positions and the rows written by its
-    /// own step.
+    /// counted against the context. Step `k + 1` reads the rows step `k`
+    /// wrote before they are published: the device runs steps in submission
+    /// order. A step that is never published wrote only rows past the
+    /// published position, which attention never reads before the next
+    /// step there rewrites them (in a ring too: a ring holds at least the
+    /// window, so the slot it overwrote was outside every later window).
     pub fn plan_ahead(&self, ahead: u32, n: u32) -> Result<CacheSpan, RuntimeError> {
         self.refuse_if_poisoned("plan a step")?;
         if n == 0 {
