@@ -183,13 +183,8 @@ pub(super) fn supports_rows(
 
 /// A decode kernel stages the activation row in shared memory: refuses rows
 /// past the device's limit.
-fn check_act_row(
-    op: &'static str,
-    kernels: &CudaKernels,
-    act_row: usize,
-    k: usize,
-) -> Result<(), OpError> {
-    if act_row > kernels.large_shared_limit {
+fn check_act_row(op: &'static str, limit: usize, act_row: usize, k: usize) -> Result<(), OpError> {
+    if act_row > limit {
         return Err(bad_call(
             op,
             format!("rows of {k} need {act_row} bytes of shared memory per block"),
@@ -283,7 +278,9 @@ pub(super) unsafe fn launch_silu(
         format!("mm_silu_{fmt}_{act}")
     };
     let act_row = vec_dot_type(wg.tensor.dtype).row_bytes(k).unwrap_or(0);
-    check_act_row(OP, kernels, act_row, k)?;
+    // These kernels keep the default limit (48 KiB with their 128 bytes of
+    // static shared memory): 40,000-odd columns, far past any FFN input.
+    check_act_row(OP, 48 * 1024 - 128, act_row, k)?;
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
@@ -350,7 +347,7 @@ pub(super) unsafe fn launch_rows(
         (false, false) => return Err(bad_call(OP, "neither a rope nor a cache write".into())),
     };
     let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
-    check_act_row(OP, kernels, act_row, k)?;
+    check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
     let nb = k / 32;
     let rows = MV_ROWS_PER_BLOCK;
     enqueue(

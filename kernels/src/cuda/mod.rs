@@ -127,7 +127,6 @@ impl CudaKernels {
         for &name in matmul::LARGE_SHARED
             .iter()
             .chain(matmul::ROWS_KERNELS)
-            .chain(matmul::SILU_KERNELS)
             .chain(attention::LARGE_SHARED)
         {
             fns.get("matmul", name)?
