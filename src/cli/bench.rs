@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Generation as llama-bench measures it: random tokens, one step at a
+    /// time, each waited for and its logits read back (the default is a
+    /// greedy decode one step ahead, as `weft run --temp 0` decodes).
+    #[arg(long)]
+    step_by_step: bool,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -53,8 +58,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let reps = a.reps.max(1);
     // Decode as `weft run` does at temperature 0: greedy, each step's argmax
     // fed to the next on the device, the host one step ahead. Models that
-    // take ids from the host only decode random tokens step by step.
-    let greedy = model.feeds_ids_on_device();
+    // take ids from the host only (and `--step-by-step`) decode random
+    // tokens step by step.
+    let greedy = model.feeds_ids_on_device() && !a.step_by_step;
     let diag = a.diag.start(&mut exec)?;
     let mut tg_graphs = None;
     // (device busy, wall) seconds of each measured decode run (GPU only).
