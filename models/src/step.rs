@@ -4,8 +4,34 @@
 //! every model family.
 
 use crate::ModelError;
-use weft_ops::{DType, Tensor};
+use weft_ops::{Builder, DType, Tensor};
 use weft_runtime::cache::CacheSpan;
+use weft_runtime::GraphSession;
+
+/// Checks host token ids against `span` and an embedding of `vocab` rows
+/// and uploads them as the step's i32 ids.
+pub(crate) fn upload_ids(
+    s: &mut GraphSession<'_>,
+    tokens: &[u32],
+    span: &CacheSpan,
+    vocab: usize,
+) -> Result<Tensor, ModelError> {
+    let n = tokens.len();
+    if n != span.tokens as usize {
+        return Err(ModelError::Input(format!(
+            "{n} tokens for a span of {}",
+            span.tokens
+        )));
+    }
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::Input(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    s.set_layer(None);
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    Ok(s.upload_i32(&ids, "token_ids")?)
+}
 
 /// Checks that `ids` can feed a step over `span` (i32, one id per token)
 /// and returns the number of tokens.

@@ -2,7 +2,7 @@
 //! configurations, alignment checks and error mapping.
 
 use super::DeviceTensor;
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream};
 use weft_ops::{DType, OpError};
 
 /// One kernel argument, by value.
@@ -99,51 +99,13 @@ fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
     v.clone().map_err(|m| bad_call(op, m))
 }
 
-/// Enqueues `func` on `stream`.
+/// Enqueues `func` on `stream` through `cuLaunchKernelEx`, allowed to start
+/// early (programmatic stream serialization) when [`PDL_ENV`] is on.
 ///
 /// # Safety
 /// `args` must match the kernel's parameters in number, order and type, and
 /// every pointer must cover what the kernel touches for this grid.
 pub(crate) unsafe fn launch(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    shared_bytes: u32,
-    args: &[Arg],
-    op: &'static str,
-) -> Result<(), OpError> {
-    if pdl_enabled(op)? {
-        // SAFETY: forwarded to the caller.
-        return unsafe { launch_dependent(stream, func, grid, block, shared_bytes, args, op) };
-    }
-    let mut builder = stream.launch_builder(func);
-    for a in args {
-        match a {
-            Arg::Ptr(v) | Arg::U64(v) => builder.arg(v),
-            Arg::I32(v) => builder.arg(v),
-            Arg::U32(v) => builder.arg(v),
-            Arg::F32(v) => builder.arg(v),
-            Arg::Attn(v) => builder.arg(v),
-            Arg::Rope(v) => builder.arg(v),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: grid,
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: shared_bytes,
-    };
-    // SAFETY: forwarded to the caller (argument list and memory coverage).
-    unsafe { builder.launch(cfg) }.map_err(|e| driver_error(op, "kernel launch", e))?;
-    Ok(())
-}
-
-/// [`launch`] through `cuLaunchKernelEx` with programmatic stream
-/// serialization allowed.
-///
-/// # Safety
-/// As [`launch`].
-unsafe fn launch_dependent(
     stream: &CudaStream,
     func: &CudaFunction,
     grid: (u32, u32, u32),
@@ -165,10 +127,12 @@ unsafe fn launch_dependent(
             Arg::Rope(v) => v as *const super::rope::RopeArgs as *mut c_void,
         })
         .collect();
+    // Programmatic dependent launch, when on: the only launch attribute.
     // SAFETY: a zeroed attribute is a valid plain-data value; id and value set below.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
+    let attrs = pdl_enabled(op)? as u32;
     let config = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
@@ -179,7 +143,7 @@ unsafe fn launch_dependent(
         sharedMemBytes: shared_bytes,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
-        numAttrs: 1,
+        numAttrs: attrs,
     };
     stream
         .context()
@@ -266,9 +230,3 @@ pub(crate) fn check_arity(
     }
     Ok(())
 }
-
-// SAFETY: plain `#[repr(C)]` structs of 4-byte scalars, laid out as the
-// matching CUDA C structs (`AttnArgs`, `RopeArgs`).
-unsafe impl DeviceRepr for super::attention::AttnArgs {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for super::rope::RopeArgs {}

@@ -8,7 +8,7 @@ use super::launch::{
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
 use weft_ops::quant::vec_dot_type;
-use weft_ops::{DType, OpError, OpNode};
+use weft_ops::{DType, OpError, OpNode, Tensor};
 
 /// Decode matvecs with their rows' consumer fused (`matmul_rows` in
 /// fused.cu): rope (`_rope`), a cache write (`_set_{f32,f16,bf16}`), or
@@ -142,23 +142,7 @@ pub(super) fn supports_rows(
     write: Option<weft_ops::RowsWrite>,
 ) -> Result<(), OpError> {
     const OP: &str = "matmul_rows";
-    let (x, w) = (&node.inputs[0], &node.inputs[1]);
-    if !matches!(
-        w.dtype,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0
-    ) {
-        return Err(unsupported(OP, format!("{} weights", w.dtype)));
-    }
-    if x.rows() != 1 || x.dtype != vec_dot_type(w.dtype) {
-        return Err(unsupported(
-            OP,
-            format!(
-                "{} rows of {} activations (one token, quantized)",
-                x.rows(),
-                x.dtype
-            ),
-        ));
-    }
+    decode_operands(OP, &node.inputs[0], &node.inputs[1])?;
     if let Some(r) = rope {
         if r.mode != weft_ops::RopeMode::Normal
             || r.head_dim == 0
@@ -193,6 +177,23 @@ fn check_act_row(op: &'static str, limit: usize, act_row: usize, k: usize) -> Re
     Ok(())
 }
 
+/// The operands the fused decode kernels take: one token of activations
+/// already in the weights' dot type, a 32-element weight format.
+fn decode_operands(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(), OpError> {
+    block32_name(op, w.dtype)?;
+    if x.rows() != 1 || x.dtype != vec_dot_type(w.dtype) {
+        return Err(unsupported(
+            op,
+            format!(
+                "{} rows of {} activations (one token, quantized)",
+                x.rows(),
+                x.dtype
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The 32-element weight formats' kernel-name part.
 fn block32_name(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
     match dtype {
@@ -215,7 +216,7 @@ pub(super) fn supports_silu(node: &OpNode, up: bool) -> Result<(), OpError> {
         &node.inputs[2],
         &node.outputs[0],
     );
-    block32_name(OP, wg.dtype)?;
+    decode_operands(OP, x, wg)?;
     if up && third.dtype != wg.dtype {
         return Err(unsupported(
             OP,
@@ -224,16 +225,6 @@ pub(super) fn supports_silu(node: &OpNode, up: bool) -> Result<(), OpError> {
     }
     if !up && third.dtype != DType::F32 {
         return Err(unsupported(OP, format!("a {} up product", third.dtype)));
-    }
-    if x.rows() != 1 || x.dtype != vec_dot_type(wg.dtype) {
-        return Err(unsupported(
-            OP,
-            format!(
-                "{} rows of {} activations (one token, quantized)",
-                x.rows(),
-                x.dtype
-            ),
-        ));
     }
     if !matches!(out.dtype, DType::Q8_0 | DType::Q8_1) || !wg.rows().is_multiple_of(32) {
         return Err(unsupported(

@@ -30,25 +30,7 @@ impl Gemma3 {
         tokens: &[u32],
         logits: LogitRows,
     ) -> Result<Tensor, ModelError> {
-        let n = tokens.len();
-        if n != span.tokens as usize {
-            return Err(ModelError::Input(format!(
-                "gemma3: {n} tokens for a span of {}",
-                span.tokens
-            )));
-        }
-        if let Some(bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.token_embd.rows())
-        {
-            return Err(ModelError::Input(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.token_embd.rows()
-            )));
-        }
-        s.set_layer(None);
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let ids = s.upload_i32(&ids, "token_ids")?;
+        let ids = crate::step::upload_ids(s, tokens, span, self.token_embd.rows())?;
         self.record_ids(s, cache, span, ids, logits)
     }
 
