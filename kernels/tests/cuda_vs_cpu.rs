@@ -579,6 +579,10 @@ fn attention_bit_exact_in_all_three_variants() {
         cases.push((kv, 4, 1, 256, 9, 3, None, None));
         cases.push((kv, 4, 1, 256, 80, 0, Some(512), None));
         cases.push((kv, 8, 2, 128, 66, 10, None, None));
+        // head sizes that are not multiples of 64 (partly idle threads)
+        cases.push((kv, 4, 2, 96, 70, 5, None, None));
+        cases.push((kv, 4, 2, 32, 64, 0, None, None));
+        cases.push((kv, 2, 1, 192, 65, 0, Some(40), None));
     }
     for (kv, heads, kvh, d, n, qp, window, ring) in cases {
         let mut mem = HostMemory::default();

@@ -11,9 +11,9 @@
 //   update (re-rounded to f16 after every key for an f16 cache) over the
 //   chunk's keys in order.
 // - tiled (64 or more query rows in the ubatch): `attn_tiled`. Per (block
-//   of 64 query rows, head): keys and values in tiles of 64 through shared
-//   memory, each score an in-order fma chain, ggml_v_expf probabilities,
-//   the f64 tile sums, f32 accumulators.
+//   of 16 query rows, head): keys and values in tiles of 64 through shared
+//   memory (widened to f32 as the CPU does), each score an in-order fma
+//   chain, ggml_v_expf probabilities, the f64 tile sums, f32 accumulators.
 //
 // Step scalars (read from device memory when `step` is not null, so a
 // captured graph replays for the next token): step[0] = q_position,
@@ -24,7 +24,7 @@ struct AttnArgs {
     int q_stride, kv_stride, out_stride, row_offset;
     float scale, softcap;
     u32 window, ring, kv_capacity, q_position, kv_rows;
-    u32 chunk;  // attn_chunk: cells per part per pass; attn_tiled: tile buffers (1 or 2)
+    u32 chunk;  // attn_chunk: cells per part per pass
 };
 
 DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
@@ -373,41 +373,48 @@ ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_1, true, true, 1)
 ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_1, false, false, 1)
 
 // ---- tiled (64 or more query rows per ubatch) -----------------------------------------
-// 16 query rows of one head per block, two per warp; keys and values in
-// tiles of 64 (llama.cpp's GGML_FA_TILE_KV), copied asynchronously, the next
-// tile while the current one is used when two buffers fit.
+// 16 query rows of one head per block of 128 threads. Keys and values come
+// in tiles of 64 (llama.cpp's GGML_FA_TILE_KV): an f16 tile is copied
+// asynchronously into a staging buffer while the block works on the
+// previous one, then widened to f32 (keys in padded rows). Thread (g, rp)
+// with g = tid % 16 and rp = tid / 16 owns query rows 2rp and 2rp + 1: it
+// scores keys g, g + 16, g + 32, g + 48 (in-order fma chains over d, 8
+// independent chains), forms their probabilities (a row's 64 live in one
+// half-warp, so its max and ggml's 16-lane sums are shuffles), and
+// accumulates output dimensions 4(g + 16m) .. +3 of both rows over the
+// tile's keys in order. Blocks of the last rows (the most tiles) go first.
 
 #define TILE 64
-#define TILED_WARPS 8
-#define TILED_ROWS 16
+#define TILED_PAIRS 8
+#define TILED_ROWS (2 * TILED_PAIRS)
+#define TILED_THREADS (16 * TILED_PAIRS)
 
-template <bool K16, bool V16>
+// MG: groups of four output dimensions per thread and row (head sizes up
+// to 64 * MG).
+template <bool F16, int MG>
 DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out, AttnArgs a,
                          const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
-    const int D = a.head_dim;
-    const int esz_k = K16 ? 2 : 4, esz_v = V16 ? 2 : 4;
-    const int kpad = 16 / esz_k;                 // elements of padding per key row
-    const int krow_bytes = (D + kpad) * esz_k;   // a multiple of 16
-    const int tile_bytes = TILE * krow_bytes + TILE * D * esz_v;
-    const int nbuf = (int)a.chunk;
-    float* qsh = (float*)att_dyn;                // [16][D]
-    float* psh = qsh + TILED_ROWS * D;           // [16][64]
-    u8* tiles = (u8*)(psh + TILED_ROWS * TILE);  // nbuf x (keys [64][D+pad], values [64][D])
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int D = a.head_dim, KS = D + 4, esz = F16 ? 2 : 4;
+    float* qsh = (float*)att_dyn;          // [16][D] queries
+    float* psh = qsh + TILED_ROWS * D;     // [64][16] probabilities, key-major
+    float* ksh = psh + TILE * TILED_ROWS;  // [64][D + 4] keys (f32)
+    float* vsh = ksh + TILE * KS;          // [64][D] values (f32)
+    u8* stage = (u8*)(vsh + TILE * D);     // f16: [64][D] keys, [64][D] values, raw
+    const int tid = threadIdx.x, g = tid & 15, rp = tid >> 4;
     const int h = blockIdx.x;
-    const int row0 = a.row_offset + blockIdx.y * TILED_ROWS;
+    const int row0 = a.row_offset + (gridDim.y - 1 - blockIdx.y) * TILED_ROWS;
     const int rows = min(TILED_ROWS, a.n - row0);
     const int kvh = h / (a.heads / a.kv_heads);
+    for (int idx = tid; idx < TILED_ROWS * D; idx += TILED_THREADS) {
+        const int i = idx / D, d = idx - i * D;
+        qsh[idx] = i < rows ? q[(size_t)(row0 + i) * a.q_stride + (size_t)h * D + d] : 0.0f;
+    }
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     const u32 end = qpos + (u32)a.n;
     const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
     const size_t kvoff = (size_t)kvh * D;
-    for (int idx = tid; idx < TILED_ROWS * D; idx += blockDim.x) {
-        const int i = idx / D, d = idx % D;
-        qsh[idx] = i < rows ? q[(size_t)(row0 + i) * a.q_stride + (size_t)h * D + d] : 0.0f;
-    }
     const u32 first_pos = qpos + row0, last_pos = qpos + row0 + rows - 1;
     // Does the block need tile `ts`? (Skipping a tile no row sees changes
     // nothing: every row would find only masked scores there.)
@@ -423,129 +430,174 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
         while (ts < cells && !needed(ts)) ts += TILE;
         return ts;
     };
-    auto issue = [&](u32 ts, int buf) {
-        u8* kt = tiles + (size_t)buf * tile_bytes;
-        u8* vt = kt + TILE * krow_bytes;
-        const u32 tlen = min((u32)TILE, cells - ts);
-        const int kp = D * esz_k / 16, vp = D * esz_v / 16;
-        for (int idx = tid; idx < (int)tlen * (kp + vp); idx += blockDim.x) {
-            const int j = idx / (kp + vp), piece = idx % (kp + vp);
-            const size_t g = (size_t)(ts + j) * a.kv_stride + kvoff;
-            if (piece < kp)
-                cp_async16(kt + (size_t)j * krow_bytes + piece * 16, kc + g * esz_k + piece * 16);
-            else
-                cp_async16(vt + (size_t)j * D * esz_v + (piece - kp) * 16,
-                           vc + g * esz_v + (piece - kp) * 16);
+    // Rows of tile `ts` as 16-byte pieces: f16 into the staging buffer,
+    // f32 straight into the working rows.
+    const int pieces = D * esz / 16;
+    auto issue = [&](u32 ts) {
+        const int tlen = (int)min((u32)TILE, cells - ts);
+        for (int idx = tid; idx < tlen * pieces; idx += TILED_THREADS) {
+            const int j = idx / pieces, piece = idx - j * pieces;
+            const size_t gsrc = ((size_t)(ts + j) * a.kv_stride + kvoff) * esz + piece * 16;
+            if (F16) {
+                cp_async16(stage + ((size_t)j * D * 2 + piece * 16), kc + gsrc);
+                cp_async16(stage + ((size_t)(TILE + j) * D * 2 + piece * 16), vc + gsrc);
+            } else {
+                cp_async16((u8*)(ksh + j * KS) + piece * 16, kc + gsrc);
+                cp_async16((u8*)(vsh + j * D) + piece * 16, vc + gsrc);
+            }
         }
         cp_async_commit();
     };
-    const int dq = D / 32;  // dimensions per lane (D is a multiple of 32)
-    float acc[2][8], m[2], ssum[2];
+    // f16 staging -> f32 working rows, eight values per piece.
+    auto widen = [&](int tlen) {
+        for (int idx = tid; idx < 2 * tlen * pieces; idx += TILED_THREADS) {
+            const int v = idx >= tlen * pieces ? 1 : 0;
+            const int r = idx - v * tlen * pieces, j = r / pieces, piece = r - j * pieces;
+            const uint4 u = *(const uint4*)(stage + ((size_t)(v * TILE + j) * D * 2 + piece * 16));
+            float* dst = v ? vsh + j * D + piece * 8 : ksh + j * KS + piece * 8;
+            const u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        m[rr] = NEG_INF;
-        ssum[rr] = 0.0f;
+            for (int e = 0; e < 2; e++)
+                *(float4*)(dst + 4 * e) =
+                    make_float4(h2f((u16)(w[2 * e] & 0xffffu)), h2f((u16)(w[2 * e] >> 16)),
+                                h2f((u16)(w[2 * e + 1] & 0xffffu)), h2f((u16)(w[2 * e + 1] >> 16)));
+        }
+    };
+    const int groups = D / 4;
+    float acc[2][MG][4], m[2], ssum[2];
 #pragma unroll
-        for (int k = 0; k < 8; k++) acc[rr][k] = 0.0f;
+    for (int r = 0; r < 2; r++) {
+        m[r] = NEG_INF;
+        ssum[r] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MG; k++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[r][k][e] = 0.0f;
     }
     u32 ts = next_tile(0);
-    int buf = 0;
-    if (ts < cells) issue(ts, 0);
+    if (F16 && ts < cells) issue(ts);
     while (ts < cells) {
         const u32 tlen = min((u32)TILE, cells - ts);
         const u32 nts = next_tile(ts + TILE);
-        if (nbuf > 1 && nts < cells) {
-            issue(nts, buf ^ 1);
-            cp_async_wait_one_pending();
-        } else {
+        if (F16) {
             cp_async_wait_all();
+            __syncthreads();  // the stage is complete, the last tile's readers are done
+            widen((int)tlen);
+            __syncthreads();
+            if (nts < cells) issue(nts);  // lands while this tile is worked on
+        } else {
+            __syncthreads();
+            issue(ts);
+            cp_async_wait_all();
+            __syncthreads();
         }
-        __syncthreads();
-        const u8* kt = tiles + (size_t)buf * tile_bytes;
-        const u8* vt = kt + TILE * krow_bytes;
-        // scores of the warp's two rows, keys lane and lane + 32: in-order
-        // fma chains over d, from 0
-        float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-        const u8* k0 = kt + (size_t)lane * krow_bytes;
-        const u8* k1 = kt + (size_t)(lane + 32) * krow_bytes;
-        const float* q0 = qsh + (2 * warp) * D;
-        const float* q1 = q0 + D;
-        for (int d0 = 0; d0 < D; d0 += 16) {
-            float ka[16], kb[16];
-            load16<K16>(k0, d0, ka);
-            load16<K16>(k1, d0, kb);
+        // 1. scores of rows 2rp, 2rp + 1 against keys g + 16c
+        float s[2][4];
 #pragma unroll
-            for (int e = 0; e < 16; e++) {
-                const float qa = q0[d0 + e], qb = q1[d0 + e];
-                s[0][0] = __fmaf_rn(qa, ka[e], s[0][0]);
-                s[0][1] = __fmaf_rn(qa, kb[e], s[0][1]);
-                s[1][0] = __fmaf_rn(qb, ka[e], s[1][0]);
-                s[1][1] = __fmaf_rn(qb, kb[e], s[1][1]);
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[r][c] = 0.0f;
+        const float* q0 = qsh + 2 * rp * D;
+        for (int d = 0; d < D; d += 4) {
+            const float4 qa = *(const float4*)(q0 + d), qb = *(const float4*)(q0 + D + d);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float4 k4 = *(const float4*)(ksh + (g + 16 * c) * KS + d);
+                s[0][c] = __fmaf_rn(qa.x, k4.x, s[0][c]);
+                s[1][c] = __fmaf_rn(qb.x, k4.x, s[1][c]);
+                s[0][c] = __fmaf_rn(qa.y, k4.y, s[0][c]);
+                s[1][c] = __fmaf_rn(qb.y, k4.y, s[1][c]);
+                s[0][c] = __fmaf_rn(qa.z, k4.z, s[0][c]);
+                s[1][c] = __fmaf_rn(qb.z, k4.z, s[1][c]);
+                s[0][c] = __fmaf_rn(qa.w, k4.w, s[0][c]);
+                s[1][c] = __fmaf_rn(qb.w, k4.w, s[1][c]);
             }
         }
+        // 2. per row: mask, tile max, rescale, probabilities and their sum
+        //    (all 16 threads of the half-warp hold the row's state)
+        bool live[2];
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int i = 2 * warp + rr;
-            if (i >= rows) continue;  // uniform per warp
+        for (int r = 0; r < 2; r++) {
+            const int i = 2 * rp + r;
             const u32 pos = qpos + row0 + i;
-            const bool seen0 = (u32)lane < tlen && attn_visible(a, ts + lane, pos, end);
-            const bool seen1 = (u32)(lane + 32) < tlen && attn_visible(a, ts + lane + 32, pos, end);
-            const float x0 = seen0 ? attn_scaled(a, s[rr][0]) : NEG_INF;
-            const float x1 = seen1 ? attn_scaled(a, s[rr][1]) : NEG_INF;
-            const float tmax = warp_max(fmaxf(x0, x1));
-            if (tmax == NEG_INF) continue;
-            const float m_new = fmaxf(m[rr], tmax);
-            if (m_new > m[rr]) {
-                const float ms = glibc_expf(m[rr] - m_new);
+            float x[4];
+            float tmax = NEG_INF;
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (k < dq) acc[rr][k] = acc[rr][k] * ms;
-                ssum[rr] = ssum[rr] * ms;
+            for (int c = 0; c < 4; c++) {
+                const u32 j = (u32)(g + 16 * c);
+                const bool seen = i < rows && j < tlen && attn_visible(a, ts + j, pos, end);
+                x[c] = seen ? attn_scaled(a, s[r][c]) : NEG_INF;
+                tmax = fmaxf(tmax, x[c]);
             }
-            m[rr] = m_new;
-            const float p0 = ggml_v_expf(x0 - m_new), p1 = ggml_v_expf(x1 - m_new);
-            psh[i * TILE + lane] = p0;
-            psh[i * TILE + lane + 32] = p1;
-            const float r0 = reduce16_lanes(p0), r1 = reduce16_lanes(p1);
-            double sum = 0.0;
-            sum += (double)__shfl_sync(FULL_MASK, r0, 0);
-            sum += (double)__shfl_sync(FULL_MASK, r0, 16);
-            sum += (double)__shfl_sync(FULL_MASK, r1, 0);
-            sum += (double)__shfl_sync(FULL_MASK, r1, 16);
-            ssum[rr] = __double2float_rn((double)ssum[rr] + sum);
-            __syncwarp();
-#pragma unroll 4
-            for (u32 j = 0; j < tlen; j++) {
-                const float pj = psh[i * TILE + j];
-                const u8* vrow = vt + (size_t)j * D * esz_v;
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (k < dq) acc[rr][k] = __fmaf_rn(pj, kv_at<V16>(vrow, lane + 32 * k), acc[rr][k]);
+            for (int o = 8; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, o));
+            live[r] = tmax != NEG_INF;
+            const float m_new = live[r] ? fmaxf(m[r], tmax) : m[r];
+            if (m_new > m[r]) {
+                const float ms = glibc_expf(m[r] - m_new);
+#pragma unroll
+                for (int k = 0; k < MG; k++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[r][k][e] = acc[r][k][e] * ms;
+                ssum[r] = ssum[r] * ms;
+            }
+            m[r] = m_new;
+            double sum = 0.0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float p = live[r] ? ggml_v_expf(x[c] - m_new) : 0.0f;
+                psh[(g + 16 * c) * TILED_ROWS + i] = p;
+                sum += (double)__shfl_sync(FULL_MASK, reduce16_lanes(p), tid & 16);
+            }
+            if (live[r]) ssum[r] = __double2float_rn((double)ssum[r] + sum);
+        }
+        __syncwarp();
+        // 3. the output rows over the tile's keys, in order
+        const float* pp = psh + 2 * rp;
+#pragma unroll 4
+        for (u32 j = 0; j < tlen; j++) {
+            const float2 pj = *(const float2*)(pp + j * TILED_ROWS);
+            const float* vrow = vsh + j * D;
+#pragma unroll
+            for (int k = 0; k < MG; k++) {
+                if (g + 16 * k < groups) {
+                    const float4 v4 = *(const float4*)(vrow + 4 * (g + 16 * k));
+                    const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (live[0]) acc[0][k][e] = __fmaf_rn(pj.x, vv[e], acc[0][k][e]);
+                        if (live[1]) acc[1][k][e] = __fmaf_rn(pj.y, vv[e], acc[1][k][e]);
+                    }
+                }
             }
         }
-        __syncthreads();
         ts = nts;
-        buf ^= (nbuf > 1) ? 1 : 0;
-        if (nbuf == 1 && ts < cells) issue(ts, 0);
     }
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int i = 2 * warp + rr;
+    for (int r = 0; r < 2; r++) {
+        const int i = 2 * rp + r;
         if (i >= rows) continue;
-        const float inv = ssum[rr] == 0.0f ? 0.0f : 1.0f / ssum[rr];
+        const float inv = ssum[r] == 0.0f ? 0.0f : 1.0f / ssum[r];
         float* orow = out + (size_t)(row0 + i) * a.out_stride + (size_t)h * D;
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            if (k < dq) orow[lane + 32 * k] = acc[rr][k] * inv;
+        for (int k = 0; k < MG; k++)
+            if (g + 16 * k < groups)
+                *(float4*)(orow + 4 * (g + 16 * k)) =
+                    make_float4(acc[r][k][0] * inv, acc[r][k][1] * inv, acc[r][k][2] * inv,
+                                acc[r][k][3] * inv);
     }
 }
 
-#define ATTN_TILED_ENTRY(NAME, K16, V16)                                                       \
-    extern "C" __global__ void __launch_bounds__(TILED_WARPS * 32)                             \
+#define ATTN_TILED_ENTRY(NAME, F16, MG)                                                        \
+    extern "C" __global__ void __launch_bounds__(TILED_THREADS)                                \
         NAME(const float* q, const u8* k, const u8* v, float* out, AttnArgs a,                 \
              const u32* step) {                                                                \
         pdl_sync();                                                                            \
-        attn_tiled_body<K16, V16>(q, k, v, out, a, step);                                      \
+        attn_tiled_body<F16, MG>(q, k, v, out, a, step);                                       \
     }
-ATTN_TILED_ENTRY(attn_tiled_f16, true, true)
-ATTN_TILED_ENTRY(attn_tiled_f32, false, false)
+ATTN_TILED_ENTRY(attn_tiled_f16_g1, true, 1)
+ATTN_TILED_ENTRY(attn_tiled_f16_g2, true, 2)
+ATTN_TILED_ENTRY(attn_tiled_f16_g4, true, 4)
+ATTN_TILED_ENTRY(attn_tiled_f32_g1, false, 1)
+ATTN_TILED_ENTRY(attn_tiled_f32_g2, false, 2)
+ATTN_TILED_ENTRY(attn_tiled_f32_g4, false, 4)

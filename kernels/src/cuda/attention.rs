@@ -18,8 +18,12 @@ pub(super) const KERNELS: &[&str] = &[
     "attn_chunk_f32_q8_0",
     "attn_chunk_f16_q8_1",
     "attn_chunk_f32_q8_1",
-    "attn_tiled_f16",
-    "attn_tiled_f32",
+    "attn_tiled_f16_g1",
+    "attn_tiled_f16_g2",
+    "attn_tiled_f16_g4",
+    "attn_tiled_f32_g1",
+    "attn_tiled_f32_g2",
+    "attn_tiled_f32_g4",
 ];
 
 /// Kernels whose shared-memory limit is raised at load.
@@ -31,6 +35,8 @@ const TILE: usize = 64;
 const UBATCH: usize = 512;
 /// Query rows per block of the tiled kernel (`TILED_ROWS`).
 const TILED_ROWS: usize = 16;
+/// Threads per block of the tiled kernel (`TILED_THREADS`).
+const TILED_THREADS: u32 = 128;
 /// Largest head size the kernels take.
 pub(super) const MAX_HEAD_DIM: usize = 256;
 
@@ -53,7 +59,7 @@ pub(crate) struct AttnArgs {
     kv_capacity: u32,
     q_position: u32,
     kv_rows: u32,
-    /// attn_chunk: cells per part per pass; attn_tiled: tile buffers.
+    /// attn_chunk: cells per part per pass.
     chunk: u32,
 }
 
@@ -120,12 +126,17 @@ fn elem_bytes(kv: DType) -> usize {
     }
 }
 
-/// Dynamic shared memory of the tiled kernel with `nbuf` tile buffers.
-pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType, nbuf: usize) -> usize {
-    let esz = elem_bytes(kv);
-    let key_row = (head_dim + 16 / esz) * esz;
-    (TILED_ROWS * head_dim + TILED_ROWS * TILE) * 4
-        + nbuf * (TILE * key_row + TILE * head_dim * esz)
+/// Dynamic shared memory of the tiled kernel (layout of attention.cu):
+/// queries, probabilities, f32 keys (padded rows) and values, and for an
+/// f16 cache the staging buffer of the next tile.
+pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType) -> usize {
+    let stage = if kv == DType::F16 {
+        2 * TILE * head_dim * 2
+    } else {
+        0
+    };
+    (TILED_ROWS * head_dim + TILE * TILED_ROWS + TILE * (head_dim + 4) + TILE * head_dim) * 4
+        + stage
 }
 
 /// Cells per part per pass of the one-chunk kernel (its values are staged:
@@ -220,29 +231,27 @@ pub(super) unsafe fn launch(
     }
     if tiled > 0 {
         let limit = kernels.large_shared_limit;
-        let nbuf = if tiled_shared_bytes(d, kv, 2) <= limit {
-            2
-        } else {
-            1
-        };
-        let bytes = tiled_shared_bytes(d, kv, nbuf);
+        let bytes = tiled_shared_bytes(d, kv);
         if bytes > limit {
             return Err(bad_call(
                 OP,
                 format!("head size {d} needs {bytes} bytes of shared memory per block"),
             ));
         }
-        args.chunk = nbuf as u32;
         let mut a = ptrs.to_vec();
         a.push(Arg::Attn(args));
         a.push(Arg::Ptr(step));
         let blocks = (tiled * TILE).min(n).div_ceil(TILED_ROWS);
-        let f = kernels.fns.get(OP, &format!("attn_tiled_{suffix}"))?;
+        // Groups of four output dimensions per thread: 1, 2 or 4.
+        let groups = d.div_ceil(64).next_power_of_two();
+        let f = kernels
+            .fns
+            .get(OP, &format!("attn_tiled_{suffix}_g{groups}"))?;
         enqueue(
             stream,
             f,
             (p.heads as u32, blocks as u32, 1),
-            256,
+            TILED_THREADS,
             bytes as u32,
             &a,
             OP,
