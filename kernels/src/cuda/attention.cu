@@ -373,21 +373,68 @@ ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_1, true, true, 1)
 ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_1, false, false, 1)
 
 // ---- tiled (64 or more query rows per ubatch) -----------------------------------------
-// 16 query rows of one head per block of 128 threads. Keys and values come
-// in tiles of 64 (llama.cpp's GGML_FA_TILE_KV): an f16 tile is copied
-// asynchronously into a staging buffer while the block works on the
-// previous one, then widened to f32 (keys in padded rows). Thread (g, rp)
-// with g = tid % 16 and rp = tid / 16 owns query rows 2rp and 2rp + 1: it
-// scores keys g, g + 16, g + 32, g + 48 (in-order fma chains over d, 8
-// independent chains), forms their probabilities (a row's 64 live in one
+// 16 query rows of one head per block of 128 threads (two per thread: one
+// row per thread measured slower, 60.7 against 58.4 µs at 512 tokens, its
+// extra instructions outweighing the shorter blocks). Keys and values come in tiles of 64 (llama.cpp's
+// GGML_FA_TILE_KV): an f16 tile is copied asynchronously into a staging
+// buffer while the block works on the previous one, then widened to f32
+// (keys in padded rows). Thread (g, i) with g = tid % 16, i = tid / 16
+// owns query rows 2i and 2i + 1: it scores keys g, g + 16, g + 32, g + 48 (in-order fma
+// chains over d), forms their probabilities (a row's 64 live in one
 // half-warp, so its max and ggml's 16-lane sums are shuffles), and
-// accumulates output dimensions 4(g + 16m) .. +3 of both rows over the
-// tile's keys in order. Blocks of the last rows (the most tiles) go first.
+// accumulates output dimensions 4(g + 16m) .. +3 over the tile's keys in
+// order. Blocks of the last rows (the most tiles) go first.
 
 #define TILE 64
-#define TILED_PAIRS 8
-#define TILED_ROWS (2 * TILED_PAIRS)
-#define TILED_THREADS (16 * TILED_PAIRS)
+#define TILED_GROUPS 8  // half-warps per block
+#define TILED_RPT 2      // query rows per thread
+
+#define TILED_ROWS (TILED_RPT * TILED_GROUPS)
+#define TILED_THREADS (16 * TILED_GROUPS)
+
+// ggml's 16-lane sums (`reduce16`) of four chunks of 16 keys, lane g of a
+// half-warp holding key g + 16c of chunk c in p[c]: the same pairwise
+// additions as reduce16_lanes per chunk, shared out so that each level
+// halves the values a lane carries (lane g ends with chunk g / 4), five
+// shuffles and four broadcasts instead of twenty. Every lane gets all four.
+DEV void chunk_sums16(const float* p, float* out, int tid) {
+    const bool hi8 = tid & 8, hi4 = tid & 4;
+    const float a0 = (hi8 ? p[2] : p[0]) + __shfl_xor_sync(FULL_MASK, hi8 ? p[0] : p[2], 8);
+    const float a1 = (hi8 ? p[3] : p[1]) + __shfl_xor_sync(FULL_MASK, hi8 ? p[1] : p[3], 8);
+    const float b = (hi4 ? a1 : a0) + __shfl_xor_sync(FULL_MASK, hi4 ? a0 : a1, 4);
+    const float c = b + __shfl_xor_sync(FULL_MASK, b, 2);
+    const float d = c + __shfl_xor_sync(FULL_MASK, c, 1);
+#pragma unroll
+    for (int k = 0; k < 4; k++) out[k] = __shfl_sync(FULL_MASK, d, (tid & 16) + 4 * k);
+}
+
+// A thread's output rows (probabilities at pp) over keys j .. j + N - 1:
+// all loads first, then the fmas in key order.
+template <int N, int MG>
+DEV void tiled_pv(const float* pp, const float* const* vg, int D, u32 j, const bool* live,
+                  float (&acc)[TILED_RPT][MG][4]) {
+    float pj[N][TILED_RPT];
+    float4 v4[N][MG];
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+#pragma unroll
+        for (int r = 0; r < TILED_RPT; r++) pj[u][r] = pp[(j + u) * TILED_ROWS + r];
+#pragma unroll
+        for (int k = 0; k < MG; k++) v4[u][k] = *(const float4*)(vg[k] + (j + u) * D);
+    }
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+#pragma unroll
+        for (int k = 0; k < MG; k++) {
+            const float vv[4] = {v4[u][k].x, v4[u][k].y, v4[u][k].z, v4[u][k].w};
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+#pragma unroll
+                for (int r = 0; r < TILED_RPT; r++)
+                    if (live[r]) acc[r][k][e] = __fmaf_rn(pj[u][r], vv[e], acc[r][k][e]);
+        }
+    }
+}
 
 // MG: groups of four output dimensions per thread and row (head sizes up
 // to 64 * MG).
@@ -397,18 +444,28 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, KS = D + 4, esz = F16 ? 2 : 4;
     float* qsh = (float*)att_dyn;          // [16][D] queries
-    float* psh = qsh + TILED_ROWS * D;     // [64][16] probabilities, key-major
+    float* psh = qsh + TILED_ROWS * D;     // [64][ROWS] probabilities, key-major
     float* ksh = psh + TILE * TILED_ROWS;  // [64][D + 4] keys (f32)
     float* vsh = ksh + TILE * KS;          // [64][D] values (f32)
     u8* stage = (u8*)(vsh + TILE * D);     // f16: [64][D] keys, [64][D] values, raw
-    const int tid = threadIdx.x, g = tid & 15, rp = tid >> 4;
+    const int tid = threadIdx.x, g = tid & 15, row_t = (tid >> 4) * TILED_RPT;
     const int h = blockIdx.x;
     const int row0 = a.row_offset + (gridDim.y - 1 - blockIdx.y) * TILED_ROWS;
     const int rows = min(TILED_ROWS, a.n - row0);
     const int kvh = h / (a.heads / a.kv_heads);
-    for (int idx = tid; idx < TILED_ROWS * D; idx += TILED_THREADS) {
-        const int i = idx / D, d = idx - i * D;
-        qsh[idx] = i < rows ? q[(size_t)(row0 + i) * a.q_stride + (size_t)h * D + d] : 0.0f;
+    // The block's queries, in batches of 16 loads per thread in flight.
+    for (int base = 0; base < TILED_ROWS * D; base += 16 * TILED_THREADS) {
+        float qv[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int idx = base + tid + k * TILED_THREADS, i = idx / D, d = idx - i * D;
+            qv[k] = i < rows ? q[(size_t)(row0 + i) * a.q_stride + (size_t)h * D + d] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int idx = base + tid + k * TILED_THREADS;
+            if (idx < TILED_ROWS * D) qsh[idx] = qv[k];
+        }
     }
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
@@ -431,12 +488,15 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
         return ts;
     };
     // Rows of tile `ts` as 16-byte pieces: f16 into the staging buffer,
-    // f32 straight into the working rows.
+    // f32 straight into the working rows. Thread tid takes pieces tid,
+    // tid + 128, ... of the tile's keys (and the same of its values),
+    // stepped without divisions.
     const int pieces = D * esz / 16;
+    const int piece0 = tid % pieces, prow0 = tid / pieces;
+    const int piece_step = TILED_THREADS % pieces, prow_step = TILED_THREADS / pieces;
     auto issue = [&](u32 ts) {
         const int tlen = (int)min((u32)TILE, cells - ts);
-        for (int idx = tid; idx < tlen * pieces; idx += TILED_THREADS) {
-            const int j = idx / pieces, piece = idx - j * pieces;
+        for (int j = prow0, piece = piece0; j < tlen;) {
             const size_t gsrc = ((size_t)(ts + j) * a.kv_stride + kvoff) * esz + piece * 16;
             if (F16) {
                 cp_async16(stage + ((size_t)j * D * 2 + piece * 16), kc + gsrc);
@@ -445,28 +505,56 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
                 cp_async16((u8*)(ksh + j * KS) + piece * 16, kc + gsrc);
                 cp_async16((u8*)(vsh + j * D) + piece * 16, vc + gsrc);
             }
+            j += prow_step;
+            piece += piece_step;
+            if (piece >= pieces) {
+                piece -= pieces;
+                j++;
+            }
         }
         cp_async_commit();
     };
-    // f16 staging -> f32 working rows, eight values per piece.
+    // f16 staging -> f32 working rows, eight values per piece; a thread's
+    // pieces in batches of 4, each batch's loads before its stores.
     auto widen = [&](int tlen) {
-        for (int idx = tid; idx < 2 * tlen * pieces; idx += TILED_THREADS) {
-            const int v = idx >= tlen * pieces ? 1 : 0;
-            const int r = idx - v * tlen * pieces, j = r / pieces, piece = r - j * pieces;
-            const uint4 u = *(const uint4*)(stage + ((size_t)(v * TILE + j) * D * 2 + piece * 16));
-            float* dst = v ? vsh + j * D + piece * 8 : ksh + j * KS + piece * 8;
-            const u32 w[4] = {u.x, u.y, u.z, u.w};
+        for (int j = prow0, piece = piece0; j < tlen;) {
+            uint4 u[2][4];
+            int jj[4], cc[4];
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                *(float4*)(dst + 4 * e) =
-                    make_float4(h2f((u16)(w[2 * e] & 0xffffu)), h2f((u16)(w[2 * e] >> 16)),
-                                h2f((u16)(w[2 * e + 1] & 0xffffu)), h2f((u16)(w[2 * e + 1] >> 16)));
+            for (int k = 0; k < 4; k++) {
+                jj[k] = j < tlen ? j : -1;
+                cc[k] = piece * 8;
+                if (jj[k] >= 0) {
+                    u[0][k] = *(const uint4*)(stage + ((size_t)j * D + cc[k]) * 2);
+                    u[1][k] = *(const uint4*)(stage + ((size_t)(TILE + j) * D + cc[k]) * 2);
+                }
+                j += prow_step;
+                piece += piece_step;
+                if (piece >= pieces) {
+                    piece -= pieces;
+                    j++;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (jj[k] < 0) continue;
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    float* dst = v ? vsh + jj[k] * D + cc[k] : ksh + jj[k] * KS + cc[k];
+                    const u32 w[4] = {u[v][k].x, u[v][k].y, u[v][k].z, u[v][k].w};
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        *(float4*)(dst + 4 * e) = make_float4(
+                            h2f((u16)(w[2 * e] & 0xffffu)), h2f((u16)(w[2 * e] >> 16)),
+                            h2f((u16)(w[2 * e + 1] & 0xffffu)), h2f((u16)(w[2 * e + 1] >> 16)));
+                }
+            }
         }
     };
     const int groups = D / 4;
-    float acc[2][MG][4], m[2], ssum[2];
+    float acc[TILED_RPT][MG][4], m[TILED_RPT], ssum[TILED_RPT];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < TILED_RPT; r++) {
         m[r] = NEG_INF;
         ssum[r] = 0.0f;
 #pragma unroll
@@ -491,34 +579,44 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
             cp_async_wait_all();
             __syncthreads();
         }
-        // 1. scores of rows 2rp, 2rp + 1 against keys g + 16c
-        float s[2][4];
+        // 1. scores of the thread's rows against keys g + 16c
+        float s[TILED_RPT][4];
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < TILED_RPT; r++)
 #pragma unroll
             for (int c = 0; c < 4; c++) s[r][c] = 0.0f;
-        const float* q0 = qsh + 2 * rp * D;
-        for (int d = 0; d < D; d += 4) {
-            const float4 qa = *(const float4*)(q0 + d), qb = *(const float4*)(q0 + D + d);
+        const float* q0 = qsh + row_t * D;
+        for (int d = 0; d < D; d += 8) {  // D is a multiple of 8
+            float4 qa[TILED_RPT][2], k4[2][4];
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float4 k4 = *(const float4*)(ksh + (g + 16 * c) * KS + d);
-                s[0][c] = __fmaf_rn(qa.x, k4.x, s[0][c]);
-                s[1][c] = __fmaf_rn(qb.x, k4.x, s[1][c]);
-                s[0][c] = __fmaf_rn(qa.y, k4.y, s[0][c]);
-                s[1][c] = __fmaf_rn(qb.y, k4.y, s[1][c]);
-                s[0][c] = __fmaf_rn(qa.z, k4.z, s[0][c]);
-                s[1][c] = __fmaf_rn(qb.z, k4.z, s[1][c]);
-                s[0][c] = __fmaf_rn(qa.w, k4.w, s[0][c]);
-                s[1][c] = __fmaf_rn(qb.w, k4.w, s[1][c]);
+            for (int h2 = 0; h2 < 2; h2++) {
+#pragma unroll
+                for (int r = 0; r < TILED_RPT; r++) qa[r][h2] = *(const float4*)(q0 + r * D + d + 4 * h2);
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    k4[h2][c] = *(const float4*)(ksh + (g + 16 * c) * KS + d + 4 * h2);
+            }
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const float4 kk = k4[h2][c];
+#pragma unroll
+                    for (int r = 0; r < TILED_RPT; r++) {
+                        s[r][c] = __fmaf_rn(qa[r][h2].x, kk.x, s[r][c]);
+                        s[r][c] = __fmaf_rn(qa[r][h2].y, kk.y, s[r][c]);
+                        s[r][c] = __fmaf_rn(qa[r][h2].z, kk.z, s[r][c]);
+                        s[r][c] = __fmaf_rn(qa[r][h2].w, kk.w, s[r][c]);
+                    }
+                }
             }
         }
         // 2. per row: mask, tile max, rescale, probabilities and their sum
         //    (all 16 threads of the half-warp hold the row's state)
-        bool live[2];
+        bool live[TILED_RPT];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int i = 2 * rp + r;
+        for (int r = 0; r < TILED_RPT; r++) {
+            const int i = row_t + r;
             const u32 pos = qpos + row0 + i;
             float x[4];
             float tmax = NEG_INF;
@@ -542,40 +640,34 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
                 ssum[r] = ssum[r] * ms;
             }
             m[r] = m_new;
-            double sum = 0.0;
+            float p[4], chunk[4];
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const float p = live[r] ? ggml_v_expf(x[c] - m_new) : 0.0f;
-                psh[(g + 16 * c) * TILED_ROWS + i] = p;
-                sum += (double)__shfl_sync(FULL_MASK, reduce16_lanes(p), tid & 16);
+                p[c] = live[r] ? ggml_v_expf(x[c] - m_new) : 0.0f;
+                psh[(g + 16 * c) * TILED_ROWS + i] = p[c];
             }
+            chunk_sums16(p, chunk, tid);
+            double sum = 0.0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) sum += (double)chunk[c];
             if (live[r]) ssum[r] = __double2float_rn((double)ssum[r] + sum);
         }
         __syncwarp();
-        // 3. the output rows over the tile's keys, in order
-        const float* pp = psh + 2 * rp;
-#pragma unroll 4
-        for (u32 j = 0; j < tlen; j++) {
-            const float2 pj = *(const float2*)(pp + j * TILED_ROWS);
-            const float* vrow = vsh + j * D;
+        // 3. the output rows over the tile's keys, in order: eight keys'
+        //    loads, then their fmas (a thread's groups past the head size
+        //    read a valid group and are never written out)
+        const float* pp = psh + row_t;
+        const float* vg[MG];
 #pragma unroll
-            for (int k = 0; k < MG; k++) {
-                if (g + 16 * k < groups) {
-                    const float4 v4 = *(const float4*)(vrow + 4 * (g + 16 * k));
-                    const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (live[0]) acc[0][k][e] = __fmaf_rn(pj.x, vv[e], acc[0][k][e]);
-                        if (live[1]) acc[1][k][e] = __fmaf_rn(pj.y, vv[e], acc[1][k][e]);
-                    }
-                }
-            }
-        }
+        for (int k = 0; k < MG; k++) vg[k] = vsh + 4 * min(g + 16 * k, groups - 1);
+        u32 j = 0;
+        for (; j + 8 <= tlen; j += 8) tiled_pv<8, MG>(pp, vg, D, j, live, acc);
+        for (; j < tlen; j++) tiled_pv<1, MG>(pp, vg, D, j, live, acc);
         ts = nts;
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = 2 * rp + r;
+    for (int r = 0; r < TILED_RPT; r++) {
+        const int i = row_t + r;
         if (i >= rows) continue;
         const float inv = ssum[r] == 0.0f ? 0.0f : 1.0f / ssum[r];
         float* orow = out + (size_t)(row0 + i) * a.out_stride + (size_t)h * D;

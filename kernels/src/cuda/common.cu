@@ -194,8 +194,12 @@ DEV float ggml_v_expf(float x) {
     const float j = __fmaf_rn(__fmaf_rn(p, u, q), u,
                               __fmaf_rn(__uint_as_float(0x3f7ffff6u), b, 1.0f));
     if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : POS_INF;
-    // vscalefps: j * 2^n rounded once (both factors exact in f64).
+    // vscalefps: j * 2^n rounded once. j lies in [0.7, 1.5], so for
+    // -125 <= n <= 127 the product is a normal f32 (or overflows as the
+    // rounded product would): exact in one f32 multiply. Otherwise in f64
+    // (both factors exact there).
     const int ni = (int)n;
+    if (ni >= -125 && ni <= 127) return __fmul_rn(j, __int_as_float((127 + ni) << 23));
     const int half = ni / 2;
     const double p1 = __longlong_as_double((i64)(1023 + half) << 52);
     const double p2 = __longlong_as_double((i64)(1023 + ni - half) << 52);

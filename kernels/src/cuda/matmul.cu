@@ -48,6 +48,14 @@ struct FmtQ8_0 {
     static __device__ __forceinline__ u32 codes(const u8* b, int k) { return ld_u32_a2(b + 2 + 4 * k); }
 };
 
+// The exact integer sum of four byte products as an f32, without the
+// quarter-rate int-to-float conversion: the dp4a starts from the bits of
+// 1.5 * 2^23, so while |sum| < 2^22 (four products of 32-element formats
+// stay under 2^16) its result's bits are the float 1.5 * 2^23 + sum.
+DEV float dp4a_f32(u32 a, u32 b) {
+    return __fsub_rn(__int_as_float(__dp4a((int)a, (int)b, 0x4B400000)), 12582912.0f);
+}
+
 // Activation blocks: Q8_0 (34 bytes: d, qs) or Q8_1 (36 bytes: d, s, qs).
 template <int HAS_MIN>
 struct Act {
@@ -121,8 +129,8 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
                 const float ad = ld_f16(ab);
 #pragma unroll
                 for (int i = 0; i < NW; i++) {
-                    const int isum = __dp4a((int)wq[i][j], (int)aq, 0);
-                    acc[i] = __fmaf_rn(__fmul_rn(wd[i][j], ad), (float)isum, acc[i]);
+                    const float isum = dp4a_f32(wq[i][j], aq);
+                    acc[i] = __fmaf_rn(__fmul_rn(wd[i][j], ad), isum, acc[i]);
                     if (F::HAS_MIN) summs[i] = __fmaf_rn(wm[i][j], ld_f16(ab + 2), summs[i]);
                 }
             }
@@ -195,8 +203,8 @@ DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, 
                 const float xd = ld_f16(ab);
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    const int isum = __dp4a((int)wq[j][q], (int)xq, 0);
-                    acc[q][t] = __fmaf_rn(__fmul_rn(wd[j][q], xd), (float)isum, acc[q][t]);
+                    const float isum = dp4a_f32(wq[j][q], xq);
+                    acc[q][t] = __fmaf_rn(__fmul_rn(wd[j][q], xd), isum, acc[q][t]);
                 }
             }
             if (F::HAS_MIN) {
