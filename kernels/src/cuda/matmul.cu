@@ -66,20 +66,26 @@ struct Act {
 };
 
 // Copies `bytes` (a multiple of 2) from global to shared memory with the
-// whole block, in batches of independent loads.
-DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
-    const u16* s = (const u16*)src;
-    u16* d = (u16*)dst;
-    const int n = bytes / 2, nt = blockDim.x;
-    int i = threadIdx.x;
-    for (; i + 3 * nt < n; i += 4 * nt) {
-        const u16 a = s[i], b = s[i + nt], c = s[i + 2 * nt], e = s[i + 3 * nt];
-        d[i] = a;
-        d[i + nt] = b;
-        d[i + 2 * nt] = c;
-        d[i + 3 * nt] = e;
+// whole block, in batches of eight independent loads per thread (4-byte
+// words when both ends and the size allow).
+template <class T>
+DEV void stage_words(T* d, const T* s, int n) {
+    const int nt = blockDim.x;
+    for (int i = threadIdx.x; i < n; i += 8 * nt) {
+        T v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (i + k * nt < n) v[k] = s[i + k * nt];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (i + k * nt < n) d[i + k * nt] = v[k];
     }
-    for (; i < n; i += nt) d[i] = s[i];
+}
+DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
+    if ((((size_t)dst | (size_t)src | (size_t)bytes) & 3) == 0)
+        stage_words((u32*)dst, (const u32*)src, bytes / 4);
+    else
+        stage_words((u16*)dst, (const u16*)src, bytes / 2);
 }
 
 // Decode (one token): eight lanes per weight row, blockDim / 8 rows per
@@ -171,8 +177,12 @@ DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, 
     const int t0 = blockIdx.y * 8;
     const int rows[2] = {min(row0, m - 1), min(row0 + 1, m - 1)};
     const size_t arow = (size_t)nb * A::BYTES;
-    for (int t = 0; t < 8; t++)
-        stage_bytes(mm_dyn + t * arow, act + (size_t)min(t0 + t, n - 1) * arow, (int)arow);
+    if (t0 + 8 <= n) {
+        stage_bytes(mm_dyn, act + (size_t)t0 * arow, (int)(8 * arow));  // contiguous rows
+    } else {
+        for (int t = 0; t < 8; t++)
+            stage_bytes(mm_dyn + t * arow, act + (size_t)min(t0 + t, n - 1) * arow, (int)arow);
+    }
     __syncthreads();
     float acc[2][8], summs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -180,18 +190,22 @@ DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, 
 #pragma unroll
         for (int t = 0; t < 8; t++) acc[q][t] = 0.0f;
     const u8* wr[2] = {w + (size_t)rows[0] * nb * F::BYTES, w + (size_t)rows[1] * nb * F::BYTES};
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        u32 wq[4][2];
-        float wd[4][2], wm[4][2];
+    // Weights of four blocks per round; the next round's loads are issued
+    // before this round's products.
+    u32 wq[2][4][2];
+    float wd[2][4][2], wm[2][4][2];
+    auto load = [&](int b0, int buf) {
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int q = 0; q < 2; q++) {
                 const u8* wb = wr[q] + (size_t)min(b0 + j, nb - 1) * F::BYTES;
-                wq[j][q] = F::codes(wb, k);
-                wd[j][q] = ld_f16(wb);
-                wm[j][q] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+                wq[buf][j][q] = F::codes(wb, k);
+                wd[buf][j][q] = ld_f16(wb);
+                wm[buf][j][q] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
             }
+    };
+    auto round = [&](int b0, int buf) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int b = b0 + j;
@@ -203,16 +217,24 @@ DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, 
                 const float xd = ld_f16(ab);
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    const float isum = dp4a_f32(wq[j][q], xq);
-                    acc[q][t] = __fmaf_rn(__fmul_rn(wd[j][q], xd), isum, acc[q][t]);
+                    const float isum = dp4a_f32(wq[buf][j][q], xq);
+                    acc[q][t] = __fmaf_rn(__fmul_rn(wd[buf][j][q], xd), isum, acc[q][t]);
                 }
             }
             if (F::HAS_MIN) {
                 const float xs = ld_f16(mm_dyn + k * arow + (size_t)b * A::BYTES + 2);
 #pragma unroll
-                for (int q = 0; q < 2; q++) summs[q] = __fmaf_rn(wm[j][q], xs, summs[q]);
+                for (int q = 0; q < 2; q++) summs[q] = __fmaf_rn(wm[buf][j][q], xs, summs[q]);
             }
         }
+    };
+    load(0, 0);
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        if (b0 + 4 < nb) load(b0 + 4, 1);
+        round(b0, 0);
+        if (b0 + 4 >= nb) break;
+        if (b0 + 8 < nb) load(b0 + 8, 0);
+        round(b0 + 4, 1);
     }
     const int lane0 = (threadIdx.x & 31) & ~7;
 #pragma unroll
