@@ -165,7 +165,7 @@ DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
 }
 
 // Prefill: lane k of eight, two weight rows and eight tokens per thread
-// (64 rows x 8 tokens per block); the eight activation rows are staged in
+// (blockDim / 4 rows x 8 tokens per block); the eight activation rows are staged in
 // shared memory. `summs` of token t is chained by lane t of the group.
 template <class F>
 DEV void mm_block32_tiled(const u8* w, const u8* act, float* out, int m, int n, int nb) {

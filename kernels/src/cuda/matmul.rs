@@ -400,6 +400,8 @@ const MV_SHORT_BLOCKS: usize = 24;
 /// H200 for SmolLM2's shapes (192 to 1536 rows: 2.7-5.0 µs, against
 /// 3.1-5.8 µs at 32 rows per block).
 const MV_ROWS_PER_BLOCK: usize = 8;
+/// Prefill grids of fewer 64-row blocks than this take 32-row blocks.
+const SMALL_GRID_BLOCKS: usize = 1536;
 
 fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
     let tt = if n == 1 { 1 } else { TOKENS_PER_THREAD };
@@ -427,12 +429,19 @@ fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
                 threads: 8 * rows as u32,
             }
         } else {
+            // 64 rows per block, or 32 when that leaves fewer than about four
+            // blocks per SM slot of an H200 (a short last wave costs less).
+            let rows = if m.div_ceil(64) * n.div_ceil(8) < SMALL_GRID_BLOCKS {
+                32
+            } else {
+                64
+            };
             Plan {
                 kernel: format!("mm_{name}_t8"),
-                rows_per_block: 64,
+                rows_per_block: rows,
                 tokens_per_block: 8,
                 shared_bytes: 8 * act_row,
-                threads: 256,
+                threads: 4 * rows as u32,
             }
         }
     };
