@@ -609,6 +609,47 @@ fn attention_bit_exact_in_all_three_variants() {
     assert!(failures.is_empty(), "attention mismatches: {failures:?}");
 }
 
+/// The tiled attention with f16 tiles loaded and widened in place (the
+/// path for devices whose shared memory per block cannot hold the staging
+/// buffer): the same bits as the CPU. Runs in its own process (the
+/// environment variable is process-wide).
+#[test]
+fn attention_tiled_direct_tiles_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    std::env::set_var(weft_kernels::cuda::ATTN_STAGING_ENV, "direct");
+    let mut rng = Rng::new(13);
+    // (heads, kv_heads, d, n, q_position, window)
+    for (heads, kvh, d, n, qp, window) in [
+        (9, 3, 64, 130, 0, None),
+        (6, 2, 64, 100, 40, Some(50)),
+        (8, 2, 128, 66, 10, None),
+        (4, 1, 256, 80, 0, Some(512)),
+        (4, 2, 96, 70, 5, None),
+    ] {
+        let mut mem = HostMemory::default();
+        let nd = attention_case(
+            &mut rng,
+            &mut mem,
+            DType::F16,
+            heads,
+            kvh,
+            d,
+            n,
+            qp,
+            qp as usize + n,
+            window,
+            None,
+            0.0,
+        );
+        poison_outputs(&nd, &mut mem);
+        let want = run_cpu(&nd, &mem);
+        let got = run_gpu(g, &nd, &mem);
+        let what = format!("direct tiles h{heads}/{kvh} d{d} n={n} pos={qp} window={window:?}");
+        assert_same(&what, DType::F32, &got[0], &want[0]);
+    }
+    std::env::remove_var(weft_kernels::cuda::ATTN_STAGING_ENV);
+}
+
 /// A decode matvec fused with its rows' consumer (rope, a cache write, or
 /// both): the CPU's matmul, rope and set_rows, bit for bit; rotated heads of
 /// 64 with all or half of their dimensions rotated, f32/f16/bf16 caches, a

@@ -24,7 +24,7 @@ struct AttnArgs {
     int q_stride, kv_stride, out_stride, row_offset;
     float scale, softcap;
     u32 window, ring, kv_capacity, q_position, kv_rows;
-    u32 chunk;  // attn_chunk: cells per part per pass
+    u32 chunk;  // attn_chunk: cells per part per pass; attn_tiled: 1 = staged f16 tiles
 };
 
 DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
@@ -514,9 +514,11 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
         }
         cp_async_commit();
     };
-    // f16 staging -> f32 working rows, eight values per piece; a thread's
-    // pieces in batches of 4, each batch's loads before its stores.
-    auto widen = [&](int tlen) {
+    // f16 rows -> f32 working rows, eight values per piece: key row j at
+    // kb + j * rstride bytes, value row j at vb + j * rstride (the staging
+    // buffer, or the cache itself); a thread's pieces in batches of 4, each
+    // batch's loads before its stores.
+    auto widen = [&](const u8* kb, const u8* vb, size_t rstride, int tlen) {
         for (int j = prow0, piece = piece0; j < tlen;) {
             uint4 u[2][4];
             int jj[4], cc[4];
@@ -525,8 +527,8 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
                 jj[k] = j < tlen ? j : -1;
                 cc[k] = piece * 8;
                 if (jj[k] >= 0) {
-                    u[0][k] = *(const uint4*)(stage + ((size_t)j * D + cc[k]) * 2);
-                    u[1][k] = *(const uint4*)(stage + ((size_t)(TILE + j) * D + cc[k]) * 2);
+                    u[0][k] = *(const uint4*)(kb + (size_t)j * rstride + cc[k] * 2);
+                    u[1][k] = *(const uint4*)(vb + (size_t)j * rstride + cc[k] * 2);
                 }
                 j += prow_step;
                 piece += piece_step;
@@ -562,17 +564,23 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[r][k][e] = 0.0f;
     }
+    const bool staged = F16 && a.chunk == 1;
     u32 ts = next_tile(0);
-    if (F16 && ts < cells) issue(ts);
+    if (staged && ts < cells) issue(ts);
     while (ts < cells) {
         const u32 tlen = min((u32)TILE, cells - ts);
         const u32 nts = next_tile(ts + TILE);
-        if (F16) {
+        if (staged) {
             cp_async_wait_all();
             __syncthreads();  // the stage is complete, the last tile's readers are done
-            widen((int)tlen);
+            widen(stage, stage + (size_t)TILE * D * 2, (size_t)D * 2, (int)tlen);
             __syncthreads();
             if (nts < cells) issue(nts);  // lands while this tile is worked on
+        } else if (F16) {
+            __syncthreads();  // the last tile's readers are done
+            const size_t first = ((size_t)ts * a.kv_stride + kvoff) * 2;
+            widen(kc + first, vc + first, (size_t)a.kv_stride * 2, (int)tlen);
+            __syncthreads();
         } else {
             __syncthreads();
             issue(ts);

@@ -5,7 +5,8 @@
 //! step scalars, so a captured decode graph stays valid as the cache grows).
 
 use super::launch::{
-    bad_call, check_aligned, check_arity, launch as enqueue, natural_alignment, unsupported, Arg,
+    attn_staging_allowed, bad_call, check_aligned, check_arity, launch as enqueue,
+    natural_alignment, unsupported, Arg,
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -59,7 +60,8 @@ pub(crate) struct AttnArgs {
     kv_capacity: u32,
     q_position: u32,
     kv_rows: u32,
-    /// attn_chunk: cells per part per pass.
+    /// attn_chunk: cells per part per pass; attn_tiled: 1 when f16 tiles
+    /// go through the staging buffer.
     chunk: u32,
 }
 
@@ -128,9 +130,9 @@ fn elem_bytes(kv: DType) -> usize {
 
 /// Dynamic shared memory of the tiled kernel (layout of attention.cu):
 /// queries, probabilities, f32 keys (padded rows) and values, and for an
-/// f16 cache the staging buffer of the next tile.
-pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType) -> usize {
-    let stage = if kv == DType::F16 {
+/// f16 cache whose tiles are `staged` the staging buffer of the next tile.
+pub(super) fn tiled_shared_bytes(head_dim: usize, kv: DType, staged: bool) -> usize {
+    let stage = if kv == DType::F16 && staged {
         2 * TILE * head_dim * 2
     } else {
         0
@@ -230,8 +232,15 @@ pub(super) unsafe fn launch(
         ));
     }
     if tiled > 0 {
+        // f16 tiles through the staging buffer when it fits (and is not
+        // switched off), else loaded and widened in place.
         let limit = kernels.large_shared_limit;
-        let bytes = tiled_shared_bytes(d, kv);
+        let staged = kv == DType::F16
+            && attn_staging_allowed(OP)?
+            && tiled_shared_bytes(d, kv, true) <= limit;
+        let bytes = tiled_shared_bytes(d, kv, staged);
+        args.chunk = staged as u32;
+        check_aligned(OP, out, 16)?; // float4 stores
         if bytes > limit {
             return Err(bad_call(
                 OP,

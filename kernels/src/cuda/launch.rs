@@ -64,6 +64,26 @@ pub(crate) fn f64_sum_method(op: &'static str) -> Result<i32, OpError> {
     }
 }
 
+/// The environment variable choosing how the tiled prefill attention
+/// brings f16 key/value tiles in: `auto` (the default: through a staging
+/// buffer filled asynchronously while the previous tile is worked on, when
+/// the device's shared memory per block holds it; head size 256 needs
+/// 218,112 bytes) or `direct` (each tile loaded and widened in place, no
+/// overlap, 65,536 bytes less). Both give the same bits.
+pub const ATTN_STAGING_ENV: &str = "WEFT_CUDA_ATTN_STAGING";
+
+/// Whether the tiled attention may stage its tiles, under [`ATTN_STAGING_ENV`].
+pub(crate) fn attn_staging_allowed(op: &'static str) -> Result<bool, OpError> {
+    match std::env::var(ATTN_STAGING_ENV).as_deref() {
+        Err(_) | Ok("auto") => Ok(true),
+        Ok("direct") => Ok(false),
+        Ok(other) => Err(bad_call(
+            op,
+            format!("{ATTN_STAGING_ENV}={other:?} is not one of: auto, direct"),
+        )),
+    }
+}
+
 /// The environment variable switching programmatic dependent launch off
 /// (`0`) or on (`1`, the default; devices before compute capability 9.0
 /// never use it): every kernel is launched allowed to start

@@ -31,7 +31,7 @@
 //! bit-exact. `scripts/cuda/NOTES.md` has the device measurements.
 //!
 //! Environment: [`PTX_CACHE_ENV`] (keep compiled PTX between processes),
-//! [`TABLE_POSITIONS_ENV`] (rope table length), [`F64_SUM_ENV`], [`PDL_ENV`]
+//! [`TABLE_POSITIONS_ENV`] (rope table length), [`F64_SUM_ENV`], [`ATTN_STAGING_ENV`], [`PDL_ENV`]
 //! (programmatic dependent launch: each kernel's launch overlaps the tail of
 //! the one before it).
 
@@ -48,7 +48,7 @@ mod rows;
 mod softmax;
 
 pub use cudarc;
-pub use launch::{F64_SUM_ENV, PDL_ENV};
+pub use launch::{ATTN_STAGING_ENV, F64_SUM_ENV, PDL_ENV};
 pub use module::PTX_CACHE_ENV;
 pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
