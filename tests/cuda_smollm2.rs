@@ -86,15 +86,10 @@ fn greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
     }
     let (mut gpu, model) = load(Device::Cuda(0));
     let (mut cpu, cpu_model) = load(Device::Cpu);
-    let reference = common::reference_json("smollm2.json");
-    for (i, case) in reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
+    for (i, (ids, want)) in common::reference_greedy_cases("smollm2.json")
+        .into_iter()
         .enumerate()
     {
-        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
-        let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
         let mut gc = model.new_cache(&mut gpu, 512, 512).expect("cache");
         let mut cc = cpu_model.new_cache(&mut cpu, 512, 512).expect("cache");
         let mut lg = model
@@ -151,7 +146,7 @@ fn pipelined_greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
     }
     let (mut gpu, model) = load(Device::Cuda(0));
     let (mut cpu, cpu_model) = load(Device::Cpu);
-    let reference = common::reference_json("smollm2.json");
+    let cases = common::reference_greedy_cases("smollm2.json");
     let decode = |exec: &mut GraphExecutor, m: &Model, ids: &[u32], n: usize| {
         let (mut cache, logits) = common::prefilled(exec, m, 1024, ids);
         let first = argmax(&logits) as u32;
@@ -164,19 +159,11 @@ fn pipelined_greedy_on_cuda_matches_llama_cpp_and_the_cpu() {
         assert_eq!(cache.position() as usize, ids.len() + n - 1);
         got
     };
-    for (i, case) in reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .enumerate()
-    {
-        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
-        let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
-        let got = decode(&mut gpu, &model, &ids, want.len());
-        assert_eq!(got, want, "prompt {i}: pipelined greedy on CUDA");
+    for (i, (ids, want)) in cases.iter().enumerate() {
+        let got = decode(&mut gpu, &model, ids, want.len());
+        assert_eq!(&got, want, "prompt {i}: pipelined greedy on CUDA");
     }
-    let ids: Vec<u32> =
-        serde_json::from_value(reference["cases"][1]["prompt_ids"].clone()).expect("ids");
+    let ids = cases[1].0.clone();
     let before = gpu.graph_stats().expect("cuda stats");
     let g = decode(&mut gpu, &model, &ids, 600);
     let after = gpu.graph_stats().expect("cuda stats");
@@ -201,9 +188,7 @@ fn long_decode_on_cuda_is_bit_identical_to_the_cpu() {
     }
     let (mut gpu, model) = load(Device::Cuda(0));
     let (mut cpu, cpu_model) = load(Device::Cpu);
-    let reference = common::reference_json("smollm2.json");
-    let ids: Vec<u32> =
-        serde_json::from_value(reference["cases"][0]["prompt_ids"].clone()).expect("ids");
+    let ids = common::reference_greedy_cases("smollm2.json")[0].0.clone();
     let steps = 700 - ids.len();
     decode_in_step(
         (&mut gpu, &model),

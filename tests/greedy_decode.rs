@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{load_smollm2, prefilled, reference_json, Setup};
+use common::{load_smollm2, prefilled, reference_greedy_cases, Setup};
 use weft::models::sampling::argmax;
 use weft::models::LogitRows;
 
@@ -17,15 +17,10 @@ fn pipelined_greedy_matches_llama_cpp_continuations() {
     let Some(Setup { mut exec, model }) = load_smollm2(2, None) else {
         return;
     };
-    let reference = reference_json("smollm2.json");
-    for (i, case) in reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
+    for (i, (ids, want)) in reference_greedy_cases("smollm2.json")
+        .into_iter()
         .enumerate()
     {
-        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
-        let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).expect("greedy");
         let (mut cache, logits) = prefilled(&mut exec, &model, 512, &ids);
         let first = argmax(&logits) as u32;
         let mut got = vec![first];

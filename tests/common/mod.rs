@@ -27,6 +27,19 @@ pub fn reference_json(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).expect("reference json")
 }
 
+/// Each case of reference file `name` as (prompt ids, greedy ids).
+pub fn reference_greedy_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        serde_json::from_value(v.clone()).expect("token ids")
+    };
+    reference_json(name)["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
+        .collect()
+}
+
 /// The full last-position logits of reference case `i`.
 pub fn reference_logits(i: usize) -> Vec<f32> {
     let path = reference_dir().join(format!("smollm2_logits/logits_last_p{i}.f32"));
