@@ -111,7 +111,6 @@ DEV void cp_async16(void* dst, const void* src) {
 }
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-DEV void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 // ---- one chunk / split KV -------------------------------------------------------
 
