@@ -11,7 +11,7 @@ json=$(cargo test -p weft-kernels --features cuda --release --no-run --message-f
 pick() { # test target name -> executable path
   printf '%s\n' "$json" | grep '"executable":"' | grep "\"name\":\"$1\"" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1
 }
-for t in cuda_vs_cpu cuda_bench; do
+for t in cuda_vs_cpu cuda_dsv4 cuda_bench; do
   exe=$(pick "$t")
   [ -n "$exe" ] || { echo "no executable for $t" >&2; exit 1; }
   objcopy --strip-debug "$exe" ".device/$t"

@@ -27,12 +27,15 @@ timeout 120 "$DIR/kernels_lib" cuda::tests --test-threads=1 2>&1 | tail -5 | tee
 echo "== CUDA vs CPU (one process per test: a fault in one cannot spoil the others)"
 : > "$OUT/tests.log"
 passed=0; failed=0
-for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "${WEFT_TEST_FILTER:-.}"); do
-  if timeout 120 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
-    passed=$((passed + 1)); echo "ok   $t"
-  else
-    failed=$((failed + 1)); status=1; echo "FAIL $t"
-  fi
+for exe in cuda_vs_cpu cuda_dsv4; do
+  [ -x "$DIR/$exe" ] || continue
+  for t in $("$DIR/$exe" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "${WEFT_TEST_FILTER:-.}"); do
+    if timeout 120 "$DIR/$exe" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
+      passed=$((passed + 1)); echo "ok   $exe $t"
+    else
+      failed=$((failed + 1)); status=1; echo "FAIL $exe $t"
+    fi
+  done
 done
 grep -E "panicked|differ|mismatch|NOTE|glibc|rope past|softcap" "$OUT/tests.log" | cut -c1-300 | head -40
 echo "$passed passed, $failed failed"

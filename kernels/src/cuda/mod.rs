@@ -37,15 +37,22 @@
 
 mod argmax;
 mod attention;
+mod compress;
+mod dsv4;
 mod elementwise;
 mod fused;
+mod hyper;
 mod launch;
 mod matmul;
+mod matmul_id;
 mod module;
+mod moe;
 mod norm;
 mod rope;
 mod rows;
+mod sink_attention;
 mod softmax;
+mod tail_rope;
 
 pub use cudarc;
 pub use launch::{ATTN_STAGING_ENV, F64_SUM_ENV, PDL_ENV};
@@ -115,6 +122,7 @@ impl CudaKernels {
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,
+            &dsv4::kernels(),
         ]
         .concat();
         let fns = module::Functions::load(&ctx, &names)?;
@@ -159,6 +167,9 @@ impl CudaKernels {
                 format!("{} inputs", t.dtype),
             )),
         };
+        if dsv4::owns(&node.op) {
+            return dsv4::supports(node);
+        }
         match &node.op {
             Op::MatMul => matmul::supports(node),
             Op::QuantizeRows => rows::supports_quantize(&node.outputs[0]),
@@ -225,6 +236,7 @@ impl CudaKernels {
     pub fn scratch_bytes(&self, node: &OpNode) -> usize {
         match &node.op {
             Op::MatMul => matmul::scratch_bytes(node),
+            op if dsv4::owns(op) => dsv4::scratch_bytes(node),
             _ => 0,
         }
     }
@@ -238,6 +250,7 @@ impl CudaKernels {
             Op::Attention(p) | Op::AttentionQuantize(p) => attention::step_scalars(node, p),
             Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
             Op::MatMulRows { write: Some(w), .. } => vec![w.start],
+            op if dsv4::owns(op) => dsv4::step_scalars(node),
             _ => Vec::new(),
         }
     }
@@ -277,6 +290,7 @@ impl CudaKernels {
             Op::Write { .. } => Op::Write {
                 data: Arc::from(Vec::new()),
             },
+            op if dsv4::owns(op) => dsv4::structural(op),
             other => other.clone(),
         }
     }
@@ -385,6 +399,7 @@ impl CudaKernels {
             Op::RopeSetRows { rope, start, ring } => {
                 fused::rope_set_rows(self, s, rope, *start, *ring, ins, outs, step)
             }
+            op if dsv4::owns(op) => dsv4::launch(self, s, node, ins, outs, scratch, step),
             other => Err(launch::unsupported(other.name(), "this op".into())),
         }
     }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 10] = [
+const SOURCES: [(&str, &str); 16] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -24,6 +24,12 @@ const SOURCES: [(&str, &str); 10] = [
     ("rope.cu", include_str!("rope.cu")),
     ("attention.cu", include_str!("attention.cu")),
     ("fused.cu", include_str!("fused.cu")),
+    ("tail_rope.cu", include_str!("tail_rope.cu")),
+    ("hyper.cu", include_str!("hyper.cu")),
+    ("compress.cu", include_str!("compress.cu")),
+    ("sink_attention.cu", include_str!("sink_attention.cu")),
+    ("moe.cu", include_str!("moe.cu")),
+    ("matmul_id.cu", include_str!("matmul_id.cu")),
 ];
 
 /// The whole program, with `#line` markers so compiler messages name the file.

@@ -1,0 +1,145 @@
+//! Dispatch of the DeepSeek-V4 ops on CUDA. Their kernels live beside the
+//! other families, one file pair per family with the CPU's names:
+//! `tail_rope` (partial interleaved RoPE), `hyper` (hyper-connection mix,
+//! collapse, expand), `compress` (KV compressor and indexer top-k),
+//! `sink_attention`, `moe` (routing, expert weights, clamped SwiGLU,
+//! combination) and `matmul_id` (the indexed expert matmul over every
+//! weight format the public DeepSeek-V4 files use).
+//!
+//! Every family answers the same five questions as [`super::CudaKernels`]:
+//! which kernels it loads, whether it runs a node, the device scratch and
+//! step scalars a launch needs, and the launch itself.
+
+use super::{compress, hyper, matmul_id, moe, sink_attention, tail_rope};
+use super::{CudaKernels, DeviceTensor};
+use cudarc::driver::CudaStream;
+use weft_ops::{Op, OpError, OpNode};
+
+/// The kernels of every DeepSeek-V4 family.
+pub(super) fn kernels() -> Vec<&'static str> {
+    [
+        tail_rope::KERNELS,
+        hyper::KERNELS,
+        compress::KERNELS,
+        sink_attention::KERNELS,
+        moe::KERNELS,
+        matmul_id::KERNELS,
+    ]
+    .concat()
+}
+
+/// The family of a DeepSeek-V4 op, or `None` for the other ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    TailRope,
+    Hyper,
+    Compress,
+    SinkAttention,
+    Moe,
+    MatMulId,
+}
+
+fn family(op: &Op) -> Option<Family> {
+    Some(match op {
+        Op::TailRope(_) => Family::TailRope,
+        Op::HcMix(_) | Op::HcCollapse { .. } | Op::HcExpand { .. } => Family::Hyper,
+        Op::Compress(_) | Op::IndexerTopK(_) => Family::Compress,
+        Op::SinkAttention(_) => Family::SinkAttention,
+        Op::MoeRoute(_) | Op::MoeWeights(_) | Op::SwigluClamp { .. } | Op::MoeCombine => {
+            Family::Moe
+        }
+        Op::MatMulId => Family::MatMulId,
+        _ => return None,
+    })
+}
+
+/// Whether `op` is a DeepSeek-V4 op (dispatched here).
+pub(super) fn owns(op: &Op) -> bool {
+    family(op).is_some()
+}
+
+/// Does CUDA run this DeepSeek-V4 node?
+pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
+    match family(&node.op) {
+        Some(Family::TailRope) => tail_rope::supports(node),
+        Some(Family::Hyper) => hyper::supports(node),
+        Some(Family::Compress) => compress::supports(node),
+        Some(Family::SinkAttention) => sink_attention::supports(node),
+        Some(Family::Moe) => moe::supports(node),
+        Some(Family::MatMulId) => matmul_id::supports(node),
+        None => Err(super::launch::unsupported(
+            node.op.name(),
+            "the DeepSeek-V4 dispatch".into(),
+        )),
+    }
+}
+
+/// Bytes of device scratch one launch needs.
+pub(super) fn scratch_bytes(node: &OpNode) -> usize {
+    match family(&node.op) {
+        Some(Family::TailRope) => tail_rope::scratch_bytes(node),
+        Some(Family::Hyper) => hyper::scratch_bytes(node),
+        Some(Family::Compress) => compress::scratch_bytes(node),
+        Some(Family::SinkAttention) => sink_attention::scratch_bytes(node),
+        Some(Family::Moe) => moe::scratch_bytes(node),
+        Some(Family::MatMulId) => matmul_id::scratch_bytes(node),
+        None => 0,
+    }
+}
+
+/// Values the kernels read from device memory per step (see
+/// [`CudaKernels::step_scalars`]).
+pub(super) fn step_scalars(node: &OpNode) -> Vec<u32> {
+    match family(&node.op) {
+        Some(Family::TailRope) => tail_rope::step_scalars(node),
+        Some(Family::Hyper) => hyper::step_scalars(node),
+        Some(Family::Compress) => compress::step_scalars(node),
+        Some(Family::SinkAttention) => sink_attention::step_scalars(node),
+        Some(Family::Moe) => moe::step_scalars(node),
+        Some(Family::MatMulId) => matmul_id::step_scalars(node),
+        None => Vec::new(),
+    }
+}
+
+/// `op` with its step scalars cleared (see [`CudaKernels::structural`]).
+pub(super) fn structural(op: &Op) -> Op {
+    match op {
+        Op::Compress(p) => Op::Compress(weft_ops::dsv4::CompressParams { first_row: 0, ..*p }),
+        Op::IndexerTopK(p) => Op::IndexerTopK(weft_ops::dsv4::IndexerParams {
+            q_position: 0,
+            ..*p
+        }),
+        Op::SinkAttention(p) => Op::SinkAttention(weft_ops::dsv4::SinkAttentionParams {
+            q_position: 0,
+            ..*p
+        }),
+        other => other.clone(),
+    }
+}
+
+/// Enqueues a DeepSeek-V4 node's kernels (see [`CudaKernels::launch`]).
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch(
+    k: &CudaKernels,
+    s: &CudaStream,
+    node: &OpNode,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    scratch: u64,
+    step: u64,
+) -> Result<(), OpError> {
+    match family(&node.op) {
+        Some(Family::TailRope) => tail_rope::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::Hyper) => hyper::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::Compress) => compress::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::SinkAttention) => sink_attention::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::Moe) => moe::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::MatMulId) => matmul_id::launch(k, s, node, ins, outs, scratch, step),
+        None => Err(super::launch::unsupported(
+            node.op.name(),
+            "the DeepSeek-V4 dispatch".into(),
+        )),
+    }
+}

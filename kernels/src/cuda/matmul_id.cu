@@ -1,0 +1,1 @@
+// TODO(dsv4-cuda): kernels of this family are being written.
