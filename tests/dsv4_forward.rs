@@ -75,3 +75,29 @@ fn prefill_and_greedy_decode_match_every_fixture() {
         assert!(worst < TOL, "{}: decode logits differ by {worst}", f.name());
     }
 }
+
+/// A context shorter than the attention window (the ring then holds every
+/// position) gives the same logits as a long one.
+#[test]
+fn a_context_shorter_than_the_window_gives_the_same_logits() {
+    let f = &Fixture::load("flash-tiny", ""); // window 128
+    let (mut exec, model, _file) = setup(f, 2);
+    let n = f.prompt.len().min(12);
+    let prompt = &f.prompt[..n];
+    let mut logits = Vec::new();
+    for context in [n as u32, 512] {
+        let mut cache = model.new_cache(&mut exec, context, context).expect("cache");
+        logits.push(
+            model
+                .prefill(
+                    &mut exec,
+                    &mut cache,
+                    prompt,
+                    &ChunkPolicy::single(context),
+                    LogitRows::All,
+                )
+                .expect("prefill"),
+        );
+    }
+    assert_eq!(logits[0], logits[1], "context {n} vs 512");
+}

@@ -8,6 +8,7 @@ mod perplexity;
 mod prefill;
 mod progress;
 mod run;
+mod synth_model;
 mod tokenize;
 
 use anyhow::{Context, Result};
@@ -42,6 +43,8 @@ enum Command {
     /// Look at the reorder pass: synthetic graphs.
     #[command(subcommand)]
     Graph(graph::GraphCommand),
+    /// Write a full-size model file with random weights (benchmarks).
+    SynthModel(synth_model::SynthModelArgs),
 }
 
 pub fn dispatch(cli: Cli) -> Result<()> {
@@ -52,6 +55,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Prefill(a) => prefill::run(a),
         Command::Graph(g) => graph::run(g),
+        Command::SynthModel(a) => synth_model::run(a),
     }
 }
 

@@ -195,7 +195,9 @@ impl DeepSeek4 {
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             q_position: io.start,
-            window: c.window,
+            // A context shorter than the window keeps every position
+            // (ring = context), so the window is the whole ring.
+            window: c.window.min(win.k.rows() as u32),
             ring: win.k.rows() as u32,
             ratio,
             top_k: if selection.is_some() && ratio != 0 {

@@ -253,6 +253,58 @@ pub fn metadata(w: &mut GgufWriter<'_>, c: &Dsv4Config, name: &str) -> Result<()
         w.set("deepseek4.rope.scaling.yarn_beta_fast", y.beta_fast)?;
         w.set("deepseek4.rope.scaling.yarn_beta_slow", y.beta_slow)?;
     }
+    tokenizer(w, c.vocab)
+}
+
+/// A synthetic GPT-2 vocabulary of `vocab` entries, as the tiny fixtures
+/// have (runs take token ids; the keys let every loader build a
+/// tokenizer): DeepSeek's 8 special strings (control), the 256 byte
+/// symbols, then unused placeholders; no merges.
+fn tokenizer(w: &mut GgufWriter<'_>, vocab: usize) -> Result<(), ModelError> {
+    const SPECIALS: [&str; 8] = [
+        "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>",
+        "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+        "<\u{ff5c}User\u{ff5c}>",
+        "<\u{ff5c}Assistant\u{ff5c}>",
+        "<think>",
+        "</think>",
+        "\u{ff5c}DSML\u{ff5c}",
+        "<\u{ff5c}\u{2581}pad\u{2581}\u{ff5c}>",
+    ];
+    // GPT-2's byte symbols: printable bytes stand for themselves, the
+    // others for 256, 257, ... in byte order.
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut next = 256;
+    let mut tokens: Vec<String> = SPECIALS.iter().map(|t| t.to_string()).collect();
+    let mut types = vec![3i32; SPECIALS.len()];
+    for b in 0..256u32 {
+        let code = if printable(b) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        tokens.push(char::from_u32(code).map_or_else(String::new, String::from));
+        types.push(1);
+    }
+    while tokens.len() < vocab {
+        tokens.push(format!("<unused{}>", tokens.len()));
+        types.push(5);
+    }
+    tokens.truncate(vocab.max(1));
+    types.truncate(tokens.len());
+    w.set("tokenizer.ggml.model", "gpt2")?;
+    w.set("tokenizer.ggml.pre", "default")?;
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))?;
+    w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))?;
+    w.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::String(Vec::new())),
+    )?;
+    w.set("tokenizer.ggml.bos_token_id", Value::U32(0))?;
+    w.set("tokenizer.ggml.eos_token_id", Value::U32(1))?;
+    w.set("tokenizer.ggml.padding_token_id", Value::U32(7))?;
+    w.set("tokenizer.ggml.add_bos_token", Value::Bool(false))?;
     Ok(())
 }
 
@@ -371,6 +423,42 @@ fn random_tensor(
     Ok(out)
 }
 
+/// The value scale and offset of a tensor's random values, by its name
+/// (norm weights near 1, sinks near 1.5, mixer scales near 1).
+fn value_scale(name: &str, fan_in: f32) -> (f32, f32) {
+    if name.ends_with("norm.weight") {
+        (0.1, 1.0)
+    } else if name.contains("sinks") {
+        (1.0, 1.5)
+    } else if name.contains("_scale") {
+        (0.2, 1.0)
+    } else if name.contains("_base") || name.contains("ape") || name.contains("exp_probs") {
+        (0.3, 0.0)
+    } else {
+        (1.7 / fan_in.sqrt(), 0.0)
+    }
+}
+
+/// Random bytes of one named tensor: [`random_tensor`] with the name's
+/// scale and offset.
+fn random_named(
+    rng: &mut Rng,
+    name: &str,
+    dims: &[u64],
+    dtype: DType,
+    experts: usize,
+) -> Result<Vec<u8>, ModelError> {
+    let (scale, offset) = value_scale(name, dims[0] as f32);
+    let mut bytes = random_tensor(rng, name, dims, dtype, scale, experts)?;
+    if offset != 0.0 && dtype == DType::F32 {
+        for v in bytes.chunks_exact_mut(4) {
+            let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) + offset;
+            v.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    Ok(bytes)
+}
+
 /// A small model with random weights of the given types, as GGUF bytes
 /// (norm weights near 1, sinks near 1.5; experts with 8 ids per hash row).
 pub fn random_gguf(c: &Dsv4Config, types: &TensorTypes, seed: u64) -> Result<Vec<u8>, ModelError> {
@@ -378,26 +466,7 @@ pub fn random_gguf(c: &Dsv4Config, types: &TensorTypes, seed: u64) -> Result<Vec
     let specs = tensor_specs(c, types);
     let mut data = Vec::with_capacity(specs.len());
     for (name, dims, dtype) in &specs {
-        let fan_in = dims[0] as f32;
-        let (scale, offset) = if name.ends_with("norm.weight") {
-            (0.1, 1.0)
-        } else if name.contains("sinks") {
-            (1.0, 1.5)
-        } else if name.contains("_scale") {
-            (0.2, 1.0)
-        } else if name.contains("_base") || name.contains("ape") || name.contains("exp_probs") {
-            (0.3, 0.0)
-        } else {
-            (1.7 / fan_in.sqrt(), 0.0)
-        };
-        let mut bytes = random_tensor(&mut rng, name, dims, *dtype, scale, c.experts)?;
-        if offset != 0.0 && *dtype == DType::F32 {
-            for v in bytes.chunks_exact_mut(4) {
-                let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) + offset;
-                v.copy_from_slice(&x.to_le_bytes());
-            }
-        }
-        data.push(bytes);
+        data.push(random_named(&mut rng, name, dims, *dtype, c.experts)?);
     }
     let mut w = GgufWriter::new();
     metadata(&mut w, c, "deepseek4 synthetic (random weights)")?;
@@ -405,4 +474,60 @@ pub fn random_gguf(c: &Dsv4Config, types: &TensorTypes, seed: u64) -> Result<Vec
         w.add_tensor(name.clone(), dims, *dtype, bytes)?;
     }
     Ok(w.to_bytes()?)
+}
+
+/// Writes a model of config `c` with random weights at `path`, cheaply
+/// enough for full-size shapes (benchmarks): each distinct tensor (name
+/// without its layer, dims, type) is generated once and shared by every
+/// layer, and only its first `tile_rows` rows are random, repeated to fill
+/// it. Every byte is still a distinct address the kernels read, so the
+/// traffic of a step is the real one; routing stays input-dependent.
+/// Returns the file's size in bytes.
+pub fn write_random_tiled(
+    path: &Path,
+    c: &Dsv4Config,
+    types: &TensorTypes,
+    seed: u64,
+    tile_rows: usize,
+) -> Result<u64, ModelError> {
+    use std::collections::HashMap;
+    let specs = tensor_specs(c, types);
+    let key = |name: &str, dims: &[u64], dtype: DType| {
+        let base = match name.strip_prefix("blk.") {
+            Some(rest) => rest.split_once('.').map_or(rest, |(_, tail)| tail),
+            None => name,
+        };
+        format!("{base}:{dims:?}:{dtype}")
+    };
+    let mut rng = Rng(seed);
+    let mut data: HashMap<String, Vec<u8>> = HashMap::new();
+    for (name, dims, dtype) in &specs {
+        let k = key(name, dims, *dtype);
+        if data.contains_key(&k) {
+            continue;
+        }
+        let rows: u64 = dims[1..].iter().product();
+        let tile = rows.min(tile_rows.max(1) as u64);
+        let mut tile_dims = vec![dims[0], tile];
+        if tile == rows {
+            tile_dims = dims.clone();
+        }
+        let proto = random_named(&mut rng, name, &tile_dims, *dtype, c.experts)?;
+        let full = proto.len() / tile as usize * rows as usize;
+        let bytes: Vec<u8> = proto.iter().copied().cycle().take(full).collect();
+        data.insert(k, bytes);
+    }
+    let mut w = GgufWriter::new();
+    metadata(&mut w, c, "deepseek4 synthetic (random tiled weights)")?;
+    for (name, dims, dtype) in &specs {
+        let bytes = &data[&key(name, dims, *dtype)];
+        w.add_tensor(name.clone(), dims, *dtype, bytes.as_slice())?;
+    }
+    let io = |e: std::io::Error| ModelError::Input(format!("writing {}: {e}", path.display()));
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut out = std::io::BufWriter::with_capacity(8 << 20, file);
+    w.write_to(&mut out)?;
+    out.flush().map_err(io)?;
+    let len = out.get_ref().metadata().map_err(io)?.len();
+    Ok(len)
 }

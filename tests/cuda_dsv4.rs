@@ -1,0 +1,108 @@
+//! DeepSeek-V4 on the CUDA backend against every fixture of
+//! `../shared/reference/dsv4_tiny/`: the same checks as `dsv4_forward.rs`
+//! (argmax at every prompt position, logits within 1e-3 of the reference,
+//! the 16-token greedy continuation through the decode path, one token per
+//! step and one CUDA graph per step structure), and the distance to the CPU
+//! backend on the same model. Prefill in one chunk and in several chunks.
+//! Skipped with a message where CUDA is unavailable (CI has no GPU);
+//! `WEFT_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
+
+mod dsv4_common;
+
+use dsv4_common::{argmax, max_abs_diff, Fixture};
+use weft::models::deepseek4::{DeepSeek4, LoadOptions};
+use weft::models::gguf::GgufFile;
+use weft::models::weights::WeightMap;
+use weft::models::LogitRows;
+use weft::runtime::cache::ChunkPolicy;
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+
+const TOL: f64 = 1e-3;
+
+fn cuda_or_skip() -> bool {
+    match Device::Cuda(0).unavailable_reason() {
+        None => true,
+        Some(why) => {
+            assert!(
+                std::env::var_os("WEFT_REQUIRE_CUDA").is_none(),
+                "WEFT_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
+            );
+            eprintln!("skipping: CUDA is unavailable ({why})");
+            false
+        }
+    }
+}
+
+fn setup(f: &Fixture, device: Device) -> (GraphExecutor, DeepSeek4, GgufFile) {
+    let config = ExecutorConfig {
+        threads: 2,
+        ..ExecutorConfig::default()
+    };
+    let mut exec = GraphExecutor::with_config(device, config).expect("executor");
+    let file = GgufFile::open(&f.gguf()).expect("gguf");
+    let weights = WeightMap::new(&file, &mut exec).expect("weights");
+    let model = DeepSeek4::load(&weights, &mut exec, LoadOptions::default()).expect("model");
+    (exec, model, file)
+}
+
+/// Prefill logits at every position, then the greedy continuation's tokens
+/// and per-step logits.
+fn run(f: &Fixture, device: Device, policy: &ChunkPolicy) -> (Vec<f32>, Vec<u32>, Vec<Vec<f32>>) {
+    let (mut exec, model, _file) = setup(f, device);
+    let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
+    let logits = model
+        .prefill(&mut exec, &mut cache, &f.prompt, policy, LogitRows::All)
+        .expect("prefill");
+    let first = argmax(&logits[(f.prompt.len() - 1) * f.vocab..]);
+    let (tokens, steps) = model
+        .greedy(&mut exec, &mut cache, first, f.greedy_tokens().len() - 1)
+        .expect("greedy");
+    (logits, tokens, steps)
+}
+
+#[test]
+fn every_fixture_matches_the_reference_and_the_cpu_on_cuda() {
+    if !cuda_or_skip() {
+        return;
+    }
+    for f in Fixture::all() {
+        let (v, s) = (f.vocab, f.prompt.len());
+        let cpu = run(&f, Device::Cpu, &ChunkPolicy::single(512));
+        for (what, policy) in [
+            ("one chunk", ChunkPolicy::single(512)),
+            ("chunks of 16", ChunkPolicy::single(16)),
+        ] {
+            let (logits, tokens, steps) = run(&f, Device::Cuda(0), &policy);
+            let got_argmax: Vec<u32> = logits.chunks_exact(v).map(argmax).collect();
+            assert_eq!(got_argmax, f.argmax(), "{} ({what}): argmax", f.name());
+            let all = max_abs_diff(&logits, &f.logits_all());
+            let last = max_abs_diff(&logits[(s - 1) * v..], &f.logits_last());
+            let vs_cpu = max_abs_diff(&logits, &cpu.0);
+            let want = f.greedy_tokens();
+            assert_eq!(tokens, want[1..], "{} ({what}): greedy", f.name());
+            let glog = f.greedy_logits();
+            let (mut worst, mut worst_cpu) = (0f64, 0f64);
+            for (j, step) in steps.iter().enumerate() {
+                worst = worst.max(max_abs_diff(step, &glog[(j + 1) * v..(j + 2) * v]));
+                worst_cpu = worst_cpu.max(max_abs_diff(step, &cpu.2[j]));
+            }
+            eprintln!(
+                "{} ({what}) on CUDA: prefill max |dlogit| {all:.2e} vs the reference \
+                 (last position {last:.2e}), {vs_cpu:.2e} vs the CPU; greedy {} tokens, \
+                 max |dlogit| {worst:.2e} vs the reference, {worst_cpu:.2e} vs the CPU",
+                f.name(),
+                tokens.len() + 1
+            );
+            assert!(
+                all < TOL,
+                "{} ({what}): prefill logits differ by {all}",
+                f.name()
+            );
+            assert!(
+                worst < TOL,
+                "{} ({what}): decode logits differ by {worst}",
+                f.name()
+            );
+        }
+    }
+}
