@@ -178,9 +178,10 @@ impl DeepSeek4 {
                 c.head_dim,
                 &p("attn_compressor"),
             )?;
-            rows = table
-                .map(|t| t.rows_view(0, visible(io, ratio).max(1)))
-                .transpose()?;
+            // The whole row table: the op sees the rows visible at each
+            // query's position, and a decode step's recording keeps its
+            // shape from one step to the next (a CUDA graph replays).
+            rows = table;
         }
         // Without rows (a window-only layer, or a context shorter than one
         // window of the ratio) the window stands in for them; the op never
@@ -248,7 +249,7 @@ impl DeepSeek4 {
             let none = s.upload_i32(&vec![-1i32; n * c.indexer_top_k], p("indexer.none"))?;
             return Ok(none.reshape(&[n, c.indexer_top_k])?);
         };
-        let keys = table.rows_view(0, visible(io, 4).max(1))?;
+        let keys = table; // all rows: the op sees the visible ones
         let params = IndexerParams {
             heads: c.indexer_heads,
             head_dim: c.indexer_dim,
@@ -341,11 +342,6 @@ impl LaneIo<'_> {
         }
         Ok(self.lane.layer(i))
     }
-}
-
-/// Rows visible to the lane's last query after this step.
-fn visible(io: &LaneIo<'_>, ratio: u32) -> usize {
-    ((io.start + io.tokens) / ratio) as usize
 }
 
 fn compressor_inputs(
