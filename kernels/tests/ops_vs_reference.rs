@@ -476,11 +476,17 @@ fn dsv4_compress_matches_reference() {
             )
             .unwrap();
         let norm = mem.f32_tensor(&[dc], &rng.vec(dc, 1.0)).unwrap();
-        let out = mem.zeros(DType::F32, &[rows, dc]).unwrap();
+        // The whole row table, two rows longer than the pooled ones: the
+        // rows not pooled keep their (random) values.
+        let table = first_row as usize + rows + 2;
+        let out = mem
+            .f32_tensor(&[table, dc], &rng.vec(table * dc, 1.0))
+            .unwrap();
         let p = CompressParams {
             ratio,
             overlap,
             first_row,
+            rows: rows as u32,
             ring,
             eps: 1e-6,
             rope: TailRopeParams {

@@ -117,9 +117,12 @@ pub struct HcMixParams {
 /// values and gate logits, position `p` in slot `p % ring`), `ape f32
 /// [ratio, width]`, `norm f32 [dc]`. `width` is `dc` (or `2 dc` with
 /// overlap, first half for the previous window, second half for the own
-/// window). Output `f32 [rows, dc]` (usually the rows of the cache's row
-/// table): per channel `e`, `softmax_j(gate_j[e] + ape[j][e])`-weighted
-/// values, then `rope(rms(pooled; norm), w * ratio)`.
+/// window). Output `f32 [table, dc]` (the cache's whole row table, at
+/// least `first_row + rows` rows), of which rows `first_row..first_row +
+/// rows` are written: per channel `e`, `softmax_j(gate_j[e] +
+/// ape[j][e])`-weighted values, then `rope(rms(pooled; norm), w * ratio)`.
+/// (The whole table as the output keeps a decode step's recording the same
+/// from one window to the next; `first_row` is the value that changes.)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CompressParams {
     /// Tokens per window `c`.
@@ -128,6 +131,8 @@ pub struct CompressParams {
     pub overlap: bool,
     /// Index of the first row pooled.
     pub first_row: u32,
+    /// Rows pooled (windows completed in the step).
+    pub rows: u32,
     /// Slots of the `kv`/`gate` rings (position `p` lives in `p % ring`).
     pub ring: u32,
     /// Epsilon of the row norm.

@@ -6,7 +6,8 @@ use std::cell::RefCell;
 use weft_ops::dsv4::{CompressParams, IndexerParams};
 use weft_ops::OpError;
 
-/// Output rows `rows`: pooled, RMS-normalised, rotated at `w * ratio`.
+/// Pooled rows `rows` (of `0..p.rows`), written at `p.first_row + r` of
+/// the output table: pooled, RMS-normalised, rotated at `w * ratio`.
 ///
 /// # Safety
 /// See [`super::run_item`].
@@ -19,7 +20,7 @@ pub(super) unsafe fn compress(
     let (kv, gate, ape, norm) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (width, dc) = (kv.tensor.cols(), out.tensor.cols());
     let (kvv, gv, av, nv) = (kv.f32s(), gate.f32s(), ape.f32s(), norm.f32s());
-    let o = out.f32_rows_mut(rows.start, rows.len());
+    let o = out.f32_rows_mut(p.first_row as usize + rows.start, rows.len());
     let freqs = p.rope.inv_freq();
     let nope = dc - p.rope.n_dims;
     let mut angles = Vec::with_capacity(freqs.len());

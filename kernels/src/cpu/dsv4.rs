@@ -23,7 +23,7 @@ pub(super) fn split(node: &OpNode, threads: usize) -> WorkSplit {
             WorkSplit::new(units, units.div_ceil(threads * 4).max(1))
         }
         Op::MatMulId => moe::split(&node.inputs[1], threads),
-        Op::Compress(_) => by_rows(node.outputs[0].rows()),
+        Op::Compress(p) => by_rows(p.rows as usize),
         Op::IndexerTopK(_) => WorkSplit::new(node.inputs[0].rows(), 1),
         _ => by_rows(node.inputs[0].rows()),
     }

@@ -300,18 +300,21 @@ impl DeepSeek4 {
             ratio,
             overlap: ratio == 4,
             first_row: first,
+            rows: end - first,
             ring: state.k.rows() as u32,
             eps: c.rms_eps,
             rope: c.rope(l, dc, false),
         };
-        let rows = table.rows_view(first as usize, (end - first) as usize)?;
+        // The whole table is the output (rows `first..end` written), so the
+        // recording of a step that completes a window is the same for every
+        // window.
         s.compress_into(
             state.k,
             state.v,
             w.ape,
             w.norm,
             params,
-            rows,
+            table,
             format!("{label}.pool"),
         )?;
         Ok(())

@@ -90,8 +90,9 @@ pub trait Dsv4Builder: Builder {
         )
     }
 
-    /// Pools, normalises and rotates `out.rows()` compressor rows from the
-    /// `kv`/`gate` rings into `out` (the rows of a row table).
+    /// Pools, normalises and rotates `p.rows` compressor rows from the
+    /// `kv`/`gate` rings into rows `p.first_row..` of `out` (a whole row
+    /// table; its other rows are left as they are).
     #[allow(clippy::too_many_arguments)]
     fn compress_into(
         &mut self,

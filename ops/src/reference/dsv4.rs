@@ -237,8 +237,9 @@ fn compress(
     let freqs = p.rope.inv_freq();
     let nope = dc - p.rope.n_dims;
     let mut angles = Vec::new();
-    let mut res = Vec::with_capacity(out.rows() * dc);
-    for r in 0..out.rows() as u32 {
+    // The rows not pooled keep their values.
+    let mut res = mem.to_f32(out)?;
+    for r in 0..p.rows {
         let w = p.first_row + r;
         let slots = compress_slots(p, w, dc);
         let mut pooled = vec![0f64; dc];
@@ -274,7 +275,10 @@ fn compress(
             row[j] = a * c as f64 - b * s as f64;
             row[j + 1] = a * s as f64 + b * c as f64;
         }
-        res.extend(row.iter().map(|&v| v as f32));
+        let at = w as usize * dc;
+        for (dst, &v) in res[at..at + dc].iter_mut().zip(&row) {
+            *dst = v as f32;
+        }
     }
     Ok(f32_bytes(res))
 }
@@ -617,6 +621,7 @@ mod tests {
             ratio: 4,
             overlap: true,
             first_row: 0,
+            rows: 1,
             ring: 16,
             eps: 1e-6,
             rope: TailRopeParams {

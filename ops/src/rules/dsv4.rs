@@ -131,6 +131,8 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             if p.ratio == 0
                 || (p.overlap && width % 2 != 0)
                 || out.cols() != dc
+                || p.rows == 0
+                || (p.first_row as usize + p.rows as usize) > out.rows()
                 || ape.cols() != width
                 || ape.rows() != p.ratio as usize
                 || kv.rows() != p.ring as usize
@@ -140,8 +142,8 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
                 || p.rope.n_dims % 2 != 0
             {
                 return bad(format!(
-                    "ratio {} (overlap {}) over rings {:?} with ape {:?} into {:?} (ring {})",
-                    p.ratio, p.overlap, kv.shape, ape.shape, out.shape, p.ring
+                    "ratio {} (overlap {}) over rings {:?} with ape {:?}: rows {}..{} of {:?} (ring {})",
+                    p.ratio, p.overlap, kv.shape, ape.shape, p.first_row, p.first_row + p.rows, out.shape, p.ring
                 ));
             }
             let window = p.ratio as usize * (1 + p.overlap as usize);
