@@ -36,6 +36,8 @@ fn cuda_or_skip() -> bool {
 fn setup(f: &Fixture, device: Device) -> (GraphExecutor, DeepSeek4, GgufFile) {
     let config = ExecutorConfig {
         threads: 2,
+        // Every reused step plan is compared with a fresh fusion and schedule.
+        check_schedules: true,
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(device, config).expect("executor");

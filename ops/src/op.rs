@@ -289,8 +289,9 @@ pub enum Op {
 
 impl Op {
     /// Equal up to the values that change from one decode step to the
-    /// next: attention's query position, a cache write's first row, a host
-    /// write's bytes (of equal length). Step plans compare recordings with
+    /// next: attention's query position (also sink attention's and the
+    /// indexer's), a cache write's first row (also the compressor's first
+    /// pooled row), a host write's bytes (of equal length). Step plans compare recordings with
     /// it; a backend reads those values per step.
     pub fn same_structure(&self, other: &Op) -> bool {
         match (self, other) {
@@ -324,6 +325,28 @@ impl Op {
                     rope: r2, ring: b, ..
                 },
             ) => r1 == r2 && a == b,
+            (Op::SinkAttention(p), Op::SinkAttention(q)) => {
+                crate::dsv4::SinkAttentionParams {
+                    q_position: 0,
+                    ..*p
+                } == crate::dsv4::SinkAttentionParams {
+                    q_position: 0,
+                    ..*q
+                }
+            }
+            (Op::IndexerTopK(p), Op::IndexerTopK(q)) => {
+                crate::dsv4::IndexerParams {
+                    q_position: 0,
+                    ..*p
+                } == crate::dsv4::IndexerParams {
+                    q_position: 0,
+                    ..*q
+                }
+            }
+            (Op::Compress(p), Op::Compress(q)) => {
+                crate::dsv4::CompressParams { first_row: 0, ..*p }
+                    == crate::dsv4::CompressParams { first_row: 0, ..*q }
+            }
             _ => self == other,
         }
     }
