@@ -8,7 +8,10 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use weft::models::deepseek4::synthetic::{flash_config, write_random_tiled, TensorTypes};
+use weft::models::deepseek4::synthetic::{
+    flash_config, tensor_specs, write_random_tiled, TensorTypes,
+};
+use weft::models::deepseek4::Dsv4Config;
 
 #[derive(Args)]
 pub struct SynthModelArgs {
@@ -68,8 +71,9 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         }
         c.context = context;
     }
+    let types = TensorTypes::flash_gguf();
     let start = Instant::now();
-    let bytes = write_random_tiled(&a.out, &c, &TensorTypes::flash_gguf(), a.seed, a.tile_rows)?;
+    let bytes = write_random_tiled(&a.out, &c, &types, a.seed, a.tile_rows)?;
     eprintln!(
         "wrote {} ({:.2} GB, {} layers, {} experts of which {} used, {:.1} s)",
         a.out.display(),
@@ -79,5 +83,30 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         c.experts_used,
         start.elapsed().as_secs_f64()
     );
+    eprintln!(
+        "a decode token reads {:.2} GB of weights (every tensor once, {} of {} experts per layer, one embedding row)",
+        decode_weight_bytes(&c, &types) as f64 / 1e9,
+        c.experts_used,
+        c.experts
+    );
     Ok(())
+}
+
+/// Weight bytes one decode token reads: every tensor, the used fraction of
+/// the routed experts, one row of the embedding.
+fn decode_weight_bytes(c: &Dsv4Config, types: &TensorTypes) -> u64 {
+    tensor_specs(c, types)
+        .iter()
+        .map(|(name, dims, dtype)| {
+            let row = dtype.row_bytes(dims[0] as usize).unwrap_or(0) as u64;
+            let rows: u64 = dims[1..].iter().product();
+            if name == "token_embd.weight" {
+                row
+            } else if name.contains("_exps.") {
+                row * rows / c.experts as u64 * c.experts_used as u64
+            } else {
+                row * rows
+            }
+        })
+        .sum()
 }
