@@ -1,14 +1,53 @@
-//! TODO(dsv4-cuda): kernels of this family are being written.
+//! Hyper-connections on CUDA (see hyper.cu): the mixing coefficients
+//! (`hc_mix`: pre, post, Sinkhorn comb), the collapse of the streams and
+//! the post-mix. The collapse and the post-mix give the CPU's bits; the mix
+//! too, except for f64 `exp` (CUDA's, glibc's on the CPU, both within an
+//! ulp), so it is checked against a tolerance: 2^-20 relative per value
+//! (a differing f64 exp moves an f32 result by an ulp at most, and only
+//! next to a rounding midpoint). The f64 sums of squares follow
+//! [`super::F64_SUM_ENV`] like rms_norm: every method reproduces the
+//! CPU's sequential sum exactly.
 
-use super::launch::unsupported;
+use super::launch::{
+    bad_call, check_aligned, check_arity, f64_sum_method, launch as enqueue, row_stage,
+    unsupported, Arg,
+};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::{OpError, OpNode};
+use weft_ops::dsv4::HcMixParams;
+use weft_ops::{DType, Op, OpError, OpNode};
 
-pub(super) const KERNELS: &[&str] = &[];
+pub(super) const KERNELS: &[&str] = &["hc_mix_f32", "hc_collapse_f32", "hc_expand_f32"];
+
+/// Threads per block of hc_mix and hc_collapse (`HC_BLOCK` in hyper.cu).
+const BLOCK: u32 = 256;
+/// Streams hc_mix handles: one thread per comb entry (`HC_MAX` in hyper.cu).
+const MIX_MAX_STREAMS: usize = 16;
+/// Threads per block of hc_expand.
+const EXPAND_BLOCK: u32 = 128;
 
 pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
-    Err(unsupported(node.op.name(), "this op".into()))
+    let op = node.op.name();
+    if let Some(t) = node
+        .inputs
+        .iter()
+        .chain(&node.outputs)
+        .find(|t| t.dtype != DType::F32)
+    {
+        return Err(unsupported(op, format!("{} tensors", t.dtype)));
+    }
+    let cols_ok = |t: &weft_ops::Tensor| t.cols() <= i32::MAX as usize;
+    if !node.inputs.iter().chain(&node.outputs).all(cols_ok) {
+        return Err(unsupported(op, "rows of more than 2^31 - 1 values".into()));
+    }
+    match &node.op {
+        Op::HcMix(p) if p.hc > MIX_MAX_STREAMS => Err(unsupported(
+            op,
+            format!("{} streams (at most {MIX_MAX_STREAMS})", p.hc),
+        )),
+        Op::HcMix(_) | Op::HcCollapse { .. } | Op::HcExpand { .. } => Ok(()),
+        other => Err(bad_call(other.name(), "not a hyper-connection node".into())),
+    }
 }
 
 pub(super) fn scratch_bytes(_node: &OpNode) -> usize {
@@ -22,13 +61,165 @@ pub(super) fn step_scalars(_node: &OpNode) -> Vec<u32> {
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(
-    _k: &CudaKernels,
-    _s: &CudaStream,
+    k: &CudaKernels,
+    s: &CudaStream,
     node: &OpNode,
-    _ins: &[DeviceTensor],
-    _outs: &[DeviceTensor],
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
     _scratch: u64,
     _step: u64,
 ) -> Result<(), OpError> {
-    Err(unsupported(node.op.name(), "this op".into()))
+    let op = node.op.name();
+    supports(node)?;
+    for t in ins.iter().chain(outs) {
+        check_aligned(op, t, 4)?;
+    }
+    match &node.op {
+        Op::HcMix(p) => mix(k, s, p, ins, outs),
+        Op::HcCollapse { hc, norm_eps } => collapse(k, s, *hc, *norm_eps, ins, outs),
+        Op::HcExpand { hc } => expand(k, s, *hc, ins, outs),
+        other => Err(bad_call(other.name(), "not a hyper-connection node".into())),
+    }
+}
+
+unsafe fn mix(
+    k: &CudaKernels,
+    s: &CudaStream,
+    p: &HcMixParams,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<(), OpError> {
+    const OP: &str = "hc_mix";
+    let norm = p.norm_eps.is_some();
+    check_arity(OP, ins, outs, if norm { 4 } else { 3 })?;
+    let (m, out) = (&ins[0], &outs[0]);
+    let (rows, mix) = (m.tensor.rows(), m.tensor.cols());
+    if mix != p.hc && mix != (2 + p.hc) * p.hc {
+        return Err(bad_call(
+            OP,
+            format!("{mix} mixer outputs for {} streams", p.hc),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let (x, xc) = match (norm, ins.get(3)) {
+        (true, Some(x)) => (x.ptr, x.tensor.cols()),
+        _ => (0, 0),
+    };
+    enqueue(
+        s,
+        k.fns.get(OP, "hc_mix_f32")?,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[
+            Arg::Ptr(m.ptr),
+            Arg::Ptr(ins[1].ptr),
+            Arg::Ptr(ins[2].ptr),
+            Arg::Ptr(x),
+            Arg::Ptr(out.ptr),
+            Arg::I32(mix as i32),
+            Arg::I32(p.hc as i32),
+            Arg::I32(p.iters as i32),
+            Arg::F32(p.eps),
+            Arg::F32(p.norm_eps.unwrap_or(0.0)),
+            Arg::I32(xc as i32),
+            Arg::I32(f64_sum_method(OP)?),
+        ],
+        OP,
+    )
+}
+
+unsafe fn collapse(
+    k: &CudaKernels,
+    s: &CudaStream,
+    hc: usize,
+    norm_eps: Option<f32>,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<(), OpError> {
+    const OP: &str = "hc_collapse";
+    check_arity(OP, ins, outs, if norm_eps.is_some() { 3 } else { 2 })?;
+    let (x, co, out) = (&ins[0], &ins[1], &outs[0]);
+    let (rows, d) = (out.tensor.rows(), out.tensor.cols());
+    if hc == 0 || x.tensor.cols() != hc * d || co.tensor.cols() < hc {
+        return Err(bad_call(
+            OP,
+            format!(
+                "{hc} streams of {:?}, coefficients {:?}, output {:?}",
+                x.tensor.shape, co.tensor.shape, out.tensor.shape
+            ),
+        ));
+    }
+    if rows == 0 || d == 0 {
+        return Ok(());
+    }
+    let w = match (norm_eps, ins.get(2)) {
+        (Some(_), Some(w)) => w.ptr,
+        _ => 0,
+    };
+    let (stage_bytes, staged) = if w != 0 { row_stage(d) } else { (0, 0) };
+    enqueue(
+        s,
+        k.fns.get(OP, "hc_collapse_f32")?,
+        (rows as u32, 1, 1),
+        BLOCK,
+        stage_bytes,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(co.ptr),
+            Arg::Ptr(w),
+            Arg::Ptr(out.ptr),
+            Arg::I32(hc as i32),
+            Arg::I32(d as i32),
+            Arg::I32(co.tensor.cols() as i32),
+            Arg::F32(norm_eps.unwrap_or(0.0)),
+            Arg::I32(staged),
+            Arg::I32(f64_sum_method(OP)?),
+        ],
+        OP,
+    )
+}
+
+unsafe fn expand(
+    k: &CudaKernels,
+    s: &CudaStream,
+    hc: usize,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<(), OpError> {
+    const OP: &str = "hc_expand";
+    check_arity(OP, ins, outs, 3)?;
+    let (x, f, co, out) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+    let (rows, d) = (f.tensor.rows(), f.tensor.cols());
+    if hc == 0 || x.tensor.cols() != hc * d || co.tensor.cols() != (2 + hc) * hc {
+        return Err(bad_call(
+            OP,
+            format!(
+                "{hc} streams {:?}, sublayer output {:?}, coefficients {:?}",
+                x.tensor.shape, f.tensor.shape, co.tensor.shape
+            ),
+        ));
+    }
+    if rows == 0 || d == 0 {
+        return Ok(());
+    }
+    let blocks = d.div_ceil(EXPAND_BLOCK as usize).min(65_535) as u32;
+    enqueue(
+        s,
+        k.fns.get(OP, "hc_expand_f32")?,
+        (rows as u32, blocks, 1),
+        EXPAND_BLOCK,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(f.ptr),
+            Arg::Ptr(co.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(hc as i32),
+            Arg::I32(d as i32),
+        ],
+        OP,
+    )
 }
