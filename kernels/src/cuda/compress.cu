@@ -32,11 +32,13 @@ DEV float compress_inv_freq(int i, int n_dims, float base, int yarn, float facto
     return __double2float_rn(f / (double)factor * ramp + f * (1.0 - ramp));
 }
 
-// kv, gate [ring, width]; ape [ratio, width]; norm [dc]; out [rows, dc].
-// step[0] (when step is not null) replaces first_row.
+// kv, gate [ring, width]; ape [ratio, width]; norm [dc]; out [table, dc],
+// the whole row table: block `row` writes table row first_row + row (rows
+// past the table, which validation rules out, are skipped). step[0] (when
+// step is not null) replaces first_row.
 extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     compress_rows(const float* kv, const float* gate, const float* ape, const float* norm,
-                  float* out, const u32* step, int rows, int dc, int width, u32 ratio, int overlap,
+                  float* out, const u32* step, int rows, u32 table, int dc, int width, u32 ratio, int overlap,
                   u32 first_row, u32 ring, float eps, int n_dims, float base, int inverse,
                   int yarn, float factor, u64 yarn_lo, u64 yarn_hi, int method) {
     pdl_sync();
@@ -46,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     const int row = blockIdx.x;
     if (row >= rows) return;
     const u32 w = (step ? step[0] : first_row) + (u32)row;
+    if (w >= table) return;
     // Slots in the CPU's order (compress_slots): the previous window's
     // (first half of the columns) when overlapping, then the own window's.
     const bool prev = overlap && w > 0;
@@ -106,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(COMPRESS_THREADS)
     const double lo = __longlong_as_double((i64)yarn_lo), hi = __longlong_as_double((i64)yarn_hi);
     // The rotation's position, as the CPU's `(w * ratio) as i32`.
     const float position = (float)(int)(w * ratio);
-    float* o = out + (size_t)row * dc;
+    float* o = out + (size_t)w * dc;
     for (int it = threadIdx.x; it < nope + pairs; it += blockDim.x) {
         if (it < nope) {
             o[it] = (pooled[it] * scale) * norm[it];

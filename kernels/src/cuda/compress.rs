@@ -234,7 +234,8 @@ unsafe fn compress(
         check_aligned(OP, t, 4)?;
     }
     let (kv, gate, ape, norm, out) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0]);
-    let (rows, dc, width) = (out.tensor.rows(), out.tensor.cols(), kv.tensor.cols());
+    let (rows, table) = (p.rows as usize, out.tensor.rows());
+    let (dc, width) = (out.tensor.cols(), kv.tensor.cols());
     if p.ratio == 0 || p.ring == 0 || compress_shared(dc, p.ratio) > COMPRESS_SHARED_LIMIT {
         return Err(unsupported(
             OP,
@@ -264,6 +265,7 @@ unsafe fn compress(
             Arg::Ptr(out.ptr),
             Arg::Ptr(step),
             Arg::I32(rows as i32),
+            Arg::U32(table as u32),
             Arg::I32(dc as i32),
             Arg::I32(width as i32),
             Arg::U32(p.ratio),
