@@ -15,9 +15,10 @@
 //!
 //! The output rope computes the frequencies (`TailRopeParams::inv_freq`,
 //! f64 `powf`/`ln`) and the angles' f64 `sin_cos` with CUDA's functions
-//! (within 2 ulp of glibc in f64, so the f32 results almost always agree,
-//! but that is not guaranteed): the rotated columns are checked with a
-//! tolerance, the others are bit-exact.
+//! (within 2 ulp of glibc in f64; rounded to f32 they almost always give
+//! the same bits, but that is not guaranteed): the tests hold the rotated
+//! columns to 1e-5 of `|cpu| + 0.01` (a one-ulp cos or sin moves a value
+//! by about 6e-8 of its pair) and every other column to the CPU's bits.
 //!
 //! Step scalar: `q_position` (read from `step` when it is not 0).
 //! Selection entries past the visible rows (an error on the CPU) and
@@ -113,7 +114,8 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     }
     let slots = slots(p, rows);
     let small = |v: usize| v <= i32::MAX as usize;
-    if !small(slots)
+    if p.window == 0
+        || !small(slots)
         || !small(p.head_dim)
         || !small(p.top_k)
         || !small(p.ring as usize + rows.rows())
@@ -175,14 +177,12 @@ pub(super) unsafe fn launch(
     for t in ins.iter().take(want).chain(&outs[..1]) {
         check_aligned(OP, t, natural_alignment(t.tensor.dtype))?;
     }
-    check_aligned(
-        OP,
-        &DeviceTensor {
-            ptr: scratch,
-            tensor: outs[0].tensor,
-        },
-        4,
-    )?;
+    if !scratch.is_multiple_of(4) {
+        return Err(bad_call(
+            OP,
+            format!("scratch at {scratch:#x} is not 4-byte aligned"),
+        ));
+    }
     let (q, win, rows, sinks, out) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0]);
     let sel = if p.top_k > 0 { ins[4].ptr } else { 0 };
     let n = q.tensor.rows();

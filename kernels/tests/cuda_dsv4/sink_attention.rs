@@ -30,6 +30,8 @@ struct Case {
     /// Compressed rows given (at least the last query's visible count).
     m: usize,
     kv: DType,
+    /// The compressed rows' type when it differs from the window's.
+    rows_kv: Option<DType>,
     /// Output rope dims (0: none).
     rope_dims: usize,
     yarn: bool,
@@ -48,6 +50,7 @@ impl Case {
             top_k: 0,
             m: 1,
             kv: DType::F32,
+            rows_kv: None,
             rope_dims: 0,
             yarn: false,
         }
@@ -100,7 +103,7 @@ fn build(rng: &mut Rng, mem: &mut HostMemory, c: &Case) -> OpNode {
     let win = mem.zeros(c.kv, &[c.ring as usize, d]).unwrap();
     mem.set_f32(&win, &rng.vec(c.ring as usize * d, 1.0))
         .unwrap();
-    let rows = mem.zeros(c.kv, &[c.m, d]).unwrap();
+    let rows = mem.zeros(c.rows_kv.unwrap_or(c.kv), &[c.m, d]).unwrap();
     mem.set_f32(&rows, &rng.vec(c.m * d, 1.0)).unwrap();
     let sinks = mem.f32_tensor(&[h], &rng.vec(h, 3.0)).unwrap();
     let out = mem.zeros(DType::F32, &[n, h * d]).unwrap();
@@ -285,6 +288,18 @@ fn sink_attention_selected_rows() {
             cases.push(c);
         }
     }
+    // A window cache of f16 beside f32 rows, and the other way round.
+    for (kv, rows_kv) in [(DType::F16, DType::F32), (DType::F32, DType::F16)] {
+        cases.push(Case {
+            ratio: 4,
+            top_k: 8,
+            m: 30,
+            kv,
+            rows_kv: Some(rows_kv),
+            rope_dims: 8,
+            ..Case::small(9, 90)
+        });
+    }
     check(303, &cases);
 }
 
@@ -328,6 +343,7 @@ fn sink_attention_real_sizes() {
         top_k: 512,
         m: 1251,
         kv: DType::F32,
+        rows_kv: None,
         rope_dims: 64,
         yarn: true,
     };
