@@ -28,8 +28,9 @@
 //        split each 256-element super-block, their exact integer sums are
 //        combined by shuffles, and every lane applies the CPU's per-block
 //        float step (one accumulator, blocks in order);
-//      - MXFP4: lane k computes block 8j + k's term, then all lanes add the
-//        eight terms in block order (broadcast shuffles);
+//      - MXFP4: lane k computes block 8j + k's term (activation quants
+//        staged interleaved to match the nibbles' order), then all lanes add
+//        the eight terms in block order (broadcast shuffles);
 //      - F32, F16, BF16: ggml's vec_dot (four 16-lane accumulators) or
 //        tinyBLAS (one), each lane holding accumulator lanes k and k + 8.
 // Rows past the matrix still run (the shuffles need every lane) and skip the
@@ -191,28 +192,41 @@ DEV void mmid_nan_invalid(const i32* ids, int P, int experts, float* out, int m,
 // Q8_0 / Q8_1 blocks of the slots' rows, repacked: per slot the nb blocks'
 // 32 quants, then nb scales, then (Q8_1) nb sums, as the floats of their f16
 // values. Arithmetic of rows.cu's quant_q8_warp (the CPU's quantizer).
-template <int WITH_SUM, int TT>
+// INTERLEAVE (MXFP4): quant j at byte 2j, quant j + 16 at byte 2j + 1.
+template <int WITH_SUM, int TT, int INTERLEAVE>
 DEV void mmid_stage_q8(const float* x, const int* xrow, int kdim, u8* act, int astride) {
     const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int nb = kdim / 32;
-    for (int gb = threadIdx.x >> 5; gb < TT * nb; gb += nw) {
-        const int s = gb / nb, b = gb - s * nb;
-        int xr = xrow[0];
+    const int nb = kdim / 32, total = TT * nb;
+    // Eight blocks per warp and round, their loads issued first.
+    for (int gb0 = threadIdx.x >> 5; gb0 < total; gb0 += 8 * nw) {
+        float v[8];
 #pragma unroll
-        for (int i = 1; i < TT; i++)
-            if (s == i) xr = xrow[i];
-        const float v = x[(size_t)xr * kdim + 32 * b + lane];
-        const float amax = warp_max(fabsf(v));
-        const float d = amax / 127.0f;
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        int q = __float2int_rn(v * id);
-        q = max(-128, min(127, q));
-        u8* a = act + (size_t)s * astride;
-        a[32 * b + lane] = (u8)(i8)q;
-        const int sum = WITH_SUM ? warp_sum_i(q) : 0;
-        if (lane == 0) {
-            ((float*)(a + 32 * nb))[b] = round16(d);
-            if (WITH_SUM) ((float*)(a + 36 * nb))[b] = round16(d * (float)sum);
+        for (int u = 0; u < 8; u++) {
+            const int gb = gb0 + u * nw;
+            const int s = min(gb, total - 1) / nb, b = min(gb, total - 1) - s * nb;
+            int xr = xrow[0];
+#pragma unroll
+            for (int i = 1; i < TT; i++)
+                if (s == i) xr = xrow[i];
+            v[u] = x[(size_t)xr * kdim + 32 * b + lane];
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int gb = gb0 + u * nw;
+            if (gb >= total) break;  // warp-uniform
+            const int s = gb / nb, b = gb - s * nb;
+            const float amax = warp_max(fabsf(v[u]));
+            const float d = amax / 127.0f;
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int q = __float2int_rn(v[u] * id);
+            q = max(-128, min(127, q));
+            u8* a = act + (size_t)s * astride;
+            a[32 * b + (INTERLEAVE ? (lane < 16 ? 2 * lane : 2 * lane - 31) : lane)] = (u8)(i8)q;
+            const int sum = WITH_SUM ? warp_sum_i(q) : 0;
+            if (lane == 0) {
+                ((float*)(a + 32 * nb))[b] = round16(d);
+                if (WITH_SUM) ((float*)(a + 36 * nb))[b] = round16(d * (float)sum);
+            }
         }
     }
 }
@@ -298,9 +312,10 @@ DEV float mmid_e8m0_half(u32 e) {
 }
 
 // Eight E2M1 codes (byte i of q: element i in its low nibble, element i + 16
-// in its high nibble) as the doubled E2M1 values, one i8 per byte: *lo the
-// four low-nibble elements, *hi the four high-nibble ones.
-DEV void mmid_e2m1(u32 q, u32* lo, u32* hi) {
+// in its high nibble) as the doubled E2M1 values, one i8 per byte, in the
+// order of the bytes' nibbles: *t0 elements 0, 16, 1, 17; *t1 elements 2,
+// 18, 3, 19 (of the four bytes' groups; the activations are staged to match).
+DEV void mmid_e2m1(u32 q, u32* t0, u32* t1) {
     const u32 pos0 = 0x03020100u, pos1 = 0x0c080604u;  // 0 1 2 3 | 4 6 8 12
     const u32 neg0 = 0xfdfeff00u, neg1 = 0xf4f8fafcu;  // 0 -1 -2 -3 | -4 -6 -8 -12
     // Nibble n of `pick`: n % 4, plus 4 when code n is negative (bit 3).
@@ -313,9 +328,8 @@ DEV void mmid_e2m1(u32 q, u32* lo, u32* hi) {
         const u32 n = __byte_perm(neg0, neg1, sel);
         t[i] = __byte_perm(p, n, (pick >> (16 * i)) & 0xffffu);
     }
-    // t[0]: byte 0 lo, byte 0 hi, byte 1 lo, byte 1 hi; t[1]: bytes 2, 3.
-    *lo = __byte_perm(t[0], t[1], 0x6420u);
-    *hi = __byte_perm(t[0], t[1], 0x7531u);
+    *t0 = t[0];
+    *t1 = t[1];
 }
 
 // Rounds of eight blocks whose loads one lane issues before using any.
@@ -345,11 +359,11 @@ DEV void mmid_row_mxfp4(const u8* wrow, const u8* act, int astride, int nb, floa
             const int b = min(rb + k, nb - 1);
             const int sh = (int)((size_t)(wrow + (size_t)b * 17) & 3) * 8;
             const u32 e = (wv[c][0] >> sh) & 0xffu;
-            u32 lo[4], hi[4];
+            u32 v[8];  // in the staged activations' interleaved order
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const u32 q = sh == 24 ? wv[c][j + 1] : __funnelshift_r(wv[c][j], wv[c][j + 1], sh + 8);
-                mmid_e2m1(q, &lo[j], &hi[j]);
+                mmid_e2m1(q, &v[2 * j], &v[2 * j + 1]);
             }
             const float dw = mmid_e8m0_half(e);
             const int nv = min(8, nb - rb);
@@ -358,14 +372,14 @@ DEV void mmid_row_mxfp4(const u8* wrow, const u8* act, int astride, int nb, floa
                 const u8* a = act + (size_t)t * astride;
                 const uint4 a0 = *(const uint4*)(a + 32 * b);
                 const uint4 a1 = *(const uint4*)(a + 32 * b + 16);
-                int si = __dp4a((int)lo[0], (int)a0.x, 0);
-                si = __dp4a((int)lo[1], (int)a0.y, si);
-                si = __dp4a((int)lo[2], (int)a0.z, si);
-                si = __dp4a((int)lo[3], (int)a0.w, si);
-                si = __dp4a((int)hi[0], (int)a1.x, si);
-                si = __dp4a((int)hi[1], (int)a1.y, si);
-                si = __dp4a((int)hi[2], (int)a1.z, si);
-                si = __dp4a((int)hi[3], (int)a1.w, si);
+                int si = __dp4a((int)v[0], (int)a0.x, 0);
+                si = __dp4a((int)v[1], (int)a0.y, si);
+                si = __dp4a((int)v[2], (int)a0.z, si);
+                si = __dp4a((int)v[3], (int)a0.w, si);
+                si = __dp4a((int)v[4], (int)a1.x, si);
+                si = __dp4a((int)v[5], (int)a1.y, si);
+                si = __dp4a((int)v[6], (int)a1.z, si);
+                si = __dp4a((int)v[7], (int)a1.w, si);
                 const float ad = ((const float*)(a + 32 * nb))[b];
                 const float term = __fmul_rn(__fmul_rn(ad, dw), (float)si);
 #pragma unroll
@@ -879,10 +893,10 @@ DEV void mmid_body(const u8* w, const float* x, const i32* ids, float* out, int 
     if (e < 0) return;
     const u8* we = w + (size_t)e * expert_bytes;
     {
-        // Start the first pass's weight rows towards L2 while the activations
-        // are quantized.
+        // Start the first passes' weight rows towards L2 while the
+        // activations are quantized (decode blocks have one or two passes).
         const u8* pf = we + (size_t)row_lo * row_bytes;
-        const size_t bytes = (size_t)(min(row_hi, row_lo + MMID_ROWS) - row_lo) * row_bytes;
+        const size_t bytes = (size_t)(min(row_hi, row_lo + 4 * MMID_ROWS) - row_lo) * row_bytes;
         for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + o));
     }
@@ -894,8 +908,8 @@ DEV void mmid_body(const u8* w, const float* x, const i32* ids, float* out, int 
         xrow[t] = x_per_pair ? pairs[t] : pairs[t] / slots;
     }
     typedef MmidAct<FMT> A;
-    if (A::KIND == 1) mmid_stage_q8<0, TT>(x, xrow, kdim, mmid_dyn, astride);
-    if (A::KIND == 2) mmid_stage_q8<1, TT>(x, xrow, kdim, mmid_dyn, astride);
+    if (A::KIND == 1) mmid_stage_q8<0, TT, FMT == MMID_MXFP4>(x, xrow, kdim, mmid_dyn, astride);
+    if (A::KIND == 2) mmid_stage_q8<1, TT, 0>(x, xrow, kdim, mmid_dyn, astride);
     if (A::KIND == 3) mmid_stage_q8k<TT>(x, xrow, kdim, mmid_dyn, astride);
     __syncthreads();
     // Per-slot orders.

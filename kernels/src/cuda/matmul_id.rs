@@ -63,9 +63,11 @@ const WARP_ROUTE: usize = 32;
 /// Dynamic shared memory a block may take: the default 48 KiB less the
 /// static part (tile, counters, the IQ2_XXS grid: under 2.2 KiB).
 const SHARED_LIMIT: usize = 48 * 1024 - 2560;
-/// Blocks a launch aims for (about eight per SM of an H200): a launch with
-/// few tiles splits the weight rows over more blocks.
-const TARGET_BLOCKS: usize = 1056;
+/// Blocks a launch aims for: about the blocks an H200 holds at once (three
+/// per SM at up to 80 registers per thread). A launch with few tiles
+/// (decode: six) splits the weight rows over more blocks, one or two passes
+/// each, in one wave.
+const TARGET_BLOCKS: usize = 3 * 132;
 
 /// The activation format a weight format is multiplied with, as staged.
 #[derive(Clone, Copy, PartialEq, Eq)]
