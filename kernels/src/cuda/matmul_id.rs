@@ -2,12 +2,17 @@
 //! W[ids[i, s]] @ x_row(i, s)`, the hot op of DeepSeek-V4's routed experts.
 //!
 //! One kernel per weight format and tile width (`matmul_id.cu`): a block
-//! routes its tile (up to 1 or 4 pairs of one expert) from the ids in
-//! device memory, quantizes the tile's activation rows into shared memory
-//! and streams 32 weight rows per pass, eight lanes per row. No scratch:
-//! re-quantizing an activation row per block costs L2 reads (decode: one
-//! 16 KiB row per 32 weight rows), not a launch. The ids are never read on
-//! the host, so a captured graph replays for any routing.
+//! of 256 threads routes its tile (up to 1 or 4 (token, slot) pairs of one
+//! expert) from the ids in device memory, quantizes the tile's activation
+//! rows into shared memory and streams its weight rows, 32 per pass, eight
+//! lanes per row. Grid: x = ranges of weight rows, y = tiles. Decode (one
+//! token, six slots) takes tiles of one pair and about one block per 32 to
+//! 64 rows (one wave on an H200); from two pairs per expert on average,
+//! tiles of four pairs (each weight load feeds four products) and few row
+//! ranges. No scratch: re-quantizing the tile's activation rows per block
+//! costs L2 reads (decode: one 16 KiB row per 32 weight rows), not a launch
+//! and a round trip. The ids are never read on the host, so a captured graph
+//! replays for any routing.
 //!
 //! **Numerics.** The CPU kernel groups the pairs by expert and runs its
 //! matmul kernels per group; Q4_K, Q6_K and the float formats pick their
@@ -17,6 +22,12 @@
 //! pair's group size and rank on the device and follow the same order, so
 //! every supported format gives the CPU's bits. Ids outside `0..experts`
 //! give NaN rows (the CPU refuses them).
+//!
+//! **Limits.** Formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+//! Q6_K, Q2_K, IQ2_XXS, MXFP4 (others, Q3_K and Q5_K among them, are
+//! refused). A block's shared memory (the staged activation rows, and four
+//! bytes per expert when more than 32 pairs are routed) stays within the
+//! default 48 KiB: rows up to about 40,000 values.
 
 use super::launch::{bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg};
 use super::{CudaKernels, DeviceTensor};

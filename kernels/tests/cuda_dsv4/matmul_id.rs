@@ -333,3 +333,20 @@ fn matmul_id_invalid_ids_give_nan_rows() {
         }
     }
 }
+
+/// Formats without a CUDA kernel are refused with an error, not a panic.
+#[test]
+fn matmul_id_refuses_other_formats() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(79);
+    for dtype in [DType::Q3_K, DType::Q5_K] {
+        let mut mem = HostMemory::default();
+        let w = mem.zeros(dtype, &[4, 8, 256]).unwrap();
+        let ids = route(&mut rng, Route::Uniform, 2, 3, 4);
+        let nd = matmul_id_node(&mut rng, &mut mem, w, &ids, 2, false);
+        if let Some(g) = g {
+            let err = g.kernels.supports(&nd).expect_err("unsupported format");
+            assert!(err.to_string().contains(&dtype.to_string()), "{err}");
+        }
+    }
+}
