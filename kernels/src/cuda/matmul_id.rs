@@ -1,14 +1,243 @@
-//! TODO(dsv4-cuda): kernels of this family are being written.
+//! The indexed expert matmul (`MatMulId`) on CUDA: `out[i, s*m..(s+1)*m] =
+//! W[ids[i, s]] @ x_row(i, s)`, the hot op of DeepSeek-V4's routed experts.
+//!
+//! One kernel per weight format and tile width (`matmul_id.cu`): a block
+//! of 256 threads routes its tile (up to 1 or 4 (token, slot) pairs of one
+//! expert) from the ids in device memory, quantizes the tile's activation
+//! rows into shared memory and streams its weight rows, 32 per pass, eight
+//! lanes per row. Grid: x = ranges of weight rows, y = tiles. Decode (one
+//! token, six slots) takes tiles of one pair and about one block per 32 to
+//! 64 rows (one wave on an H200); from two pairs per expert on average,
+//! tiles of four pairs (each weight load feeds four products) and few row
+//! ranges. No scratch: re-quantizing the tile's activation rows per block
+//! costs L2 reads (decode: one 16 KiB row per 32 weight rows), not a launch
+//! and a round trip. The ids are never read on the host, so a captured graph
+//! replays for any routing.
+//!
+//! **Numerics.** The CPU kernel groups the pairs by expert and runs its
+//! matmul kernels per group; Q4_K, Q6_K and the float formats pick their
+//! float order from the group's size and the pair's rank in it
+//! (`cpu/quant/order.rs`, `float_gemm.rs`), Q2_K, IQ2_XXS and MXFP4 take
+//! `weft_ops::quant`'s reference dot products. The kernels find each
+//! pair's group size and rank on the device and follow the same order, so
+//! every supported format gives the CPU's bits. Ids outside `0..experts`
+//! give NaN rows (the CPU refuses them).
+//!
+//! **Limits.** Formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+//! Q6_K, Q2_K, IQ2_XXS, MXFP4 (others, Q3_K and Q5_K among them, are
+//! refused). A block's shared memory (the staged activation rows, and four
+//! bytes per expert when more than 32 pairs are routed) stays within the
+//! default 48 KiB: rows up to about 40,000 values.
 
-use super::launch::unsupported;
+use super::launch::{bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::{OpError, OpNode};
+use weft_ops::{DType, OpError, OpNode};
 
-pub(super) const KERNELS: &[&str] = &[];
+const OP: &str = "matmul_id";
+
+pub(super) const KERNELS: &[&str] = &[
+    "mmid_f32_t1",
+    "mmid_f32_t4",
+    "mmid_f16_t1",
+    "mmid_f16_t4",
+    "mmid_bf16_t1",
+    "mmid_bf16_t4",
+    "mmid_q4_0_t1",
+    "mmid_q4_0_t4",
+    "mmid_q4_1_t1",
+    "mmid_q4_1_t4",
+    "mmid_q5_0_t1",
+    "mmid_q5_0_t4",
+    "mmid_q5_1_t1",
+    "mmid_q5_1_t4",
+    "mmid_q8_0_t1",
+    "mmid_q8_0_t4",
+    "mmid_q4_k_t1",
+    "mmid_q4_k_t4",
+    "mmid_q6_k_t1",
+    "mmid_q6_k_t4",
+    "mmid_q2_k_t1",
+    "mmid_q2_k_t4",
+    "mmid_iq2_xxs_t1",
+    "mmid_iq2_xxs_t4",
+    "mmid_mxfp4_t1",
+    "mmid_mxfp4_t4",
+];
+
+/// Threads per block; eight per weight row (`MMID_THREADS`, `MMID_ROWS`).
+const THREADS: u32 = 256;
+const ROWS_PER_PASS: usize = 32;
+/// Pairs up to this many are routed by one warp (`MMID_WARP_ROUTE`); more
+/// take the whole block and `4 * experts` bytes of shared counters.
+const WARP_ROUTE: usize = 32;
+/// Dynamic shared memory a block may take: the default 48 KiB less the
+/// static part (tile, counters, the IQ2_XXS grid: under 2.2 KiB).
+const SHARED_LIMIT: usize = 48 * 1024 - 2560;
+/// Blocks a launch aims for: about the blocks an H200 holds at once (three
+/// per SM at up to 80 registers per thread). A launch with few tiles
+/// (decode: six) splits the weight rows over more blocks, one or two passes
+/// each, in one wave.
+const TARGET_BLOCKS: usize = 3 * 132;
+
+/// The activation format a weight format is multiplied with, as staged.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// Float formats read x and convert on the fly.
+    Direct,
+    /// Q8_0 / Q8_1 blocks repacked: 32 quants each, then the scales (and
+    /// sums) as f32.
+    Q8 { sums: bool },
+    /// Q8_K blocks as they are (292 bytes).
+    Q8K,
+}
+
+/// Kernel-name part, staged activation format and the weights' alignment.
+fn format(dtype: DType) -> Option<(&'static str, Act, u64)> {
+    let q8 = Act::Q8 { sums: false };
+    let q8_1 = Act::Q8 { sums: true };
+    Some(match dtype {
+        DType::F32 => ("f32", Act::Direct, 4),
+        DType::F16 => ("f16", Act::Direct, 2),
+        DType::BF16 => ("bf16", Act::Direct, 2),
+        DType::Q4_0 => ("q4_0", q8, 2),
+        DType::Q4_1 => ("q4_1", q8_1, 4),
+        DType::Q5_0 => ("q5_0", q8, 2),
+        DType::Q5_1 => ("q5_1", q8_1, 4),
+        DType::Q8_0 => ("q8_0", q8, 2),
+        DType::Q4_K => ("q4_k", Act::Q8K, 4),
+        DType::Q6_K => ("q6_k", Act::Q8K, 2),
+        DType::Q2_K => ("q2_k", Act::Q8K, 4),
+        DType::IQ2_XXS => ("iq2_xxs", Act::Q8K, 2),
+        // Any alignment: the kernel reads aligned words around each block.
+        DType::MXFP4 => ("mxfp4", Act::Q8 { sums: false }, 1),
+        _ => return None,
+    })
+}
+
+/// Shared bytes of one staged activation row of `k` values.
+fn act_stride(act: Act, k: usize) -> usize {
+    let bytes = match act {
+        Act::Direct => 0,
+        Act::Q8 { sums: false } => k / 32 * 36,
+        Act::Q8 { sums: true } => k / 32 * 40,
+        Act::Q8K => k / 256 * 292,
+    };
+    bytes.next_multiple_of(16)
+}
+
+/// How one node is launched.
+struct Plan {
+    kernel: String,
+    grid: (u32, u32, u32),
+    shared: usize,
+    rows_per_block: usize,
+    astride: usize,
+    experts: usize,
+    m: usize,
+    k: usize,
+    pairs: usize,
+    slots: usize,
+    x_per_pair: bool,
+    row_bytes: usize,
+    align: u64,
+}
+
+fn plan(node: &OpNode) -> Result<Plan, OpError> {
+    if node.inputs.len() != 3 || node.outputs.len() != 1 {
+        return Err(bad_call(
+            OP,
+            format!(
+                "expected 3 inputs (x, experts, ids) and 1 output, got {} and {}",
+                node.inputs.len(),
+                node.outputs.len()
+            ),
+        ));
+    }
+    let (x, w, ids, out) = (
+        &node.inputs[0],
+        &node.inputs[1],
+        &node.inputs[2],
+        &node.outputs[0],
+    );
+    if x.dtype != DType::F32 || ids.dtype != DType::I32 || out.dtype != DType::F32 {
+        return Err(unsupported(
+            OP,
+            format!(
+                "{} activations, {} ids, {} output (f32, i32, f32)",
+                x.dtype, ids.dtype, out.dtype
+            ),
+        ));
+    }
+    let (name, act, align) =
+        format(w.dtype).ok_or_else(|| unsupported(OP, format!("{} expert weights", w.dtype)))?;
+    let dims = w.shape.dims();
+    if dims.len() != 3 {
+        return Err(bad_call(OP, format!("expert weights {:?} (3-D)", w.shape)));
+    }
+    let (experts, m, k) = (dims[0], dims[1], dims[2]);
+    let (n, slots) = (ids.rows(), ids.cols());
+    let pairs = n * slots;
+    let row_bytes = w
+        .dtype
+        .row_bytes(k)
+        .ok_or_else(|| bad_call(OP, format!("rows of {k} are not whole {} blocks", w.dtype)))?;
+    if x.cols() != k || (x.rows() != n && x.rows() != pairs) || out.shape.elements() != pairs * m {
+        return Err(bad_call(
+            OP,
+            format!(
+                "x {:?}, experts {:?}, ids {:?} cannot give {:?}",
+                x.shape, w.shape, ids.shape, out.shape
+            ),
+        ));
+    }
+    let limit = |what: String| unsupported(OP, what);
+    if [m, k, experts, pairs, x.rows()]
+        .iter()
+        .any(|&v| v > i32::MAX as usize)
+        || experts.checked_mul(m * row_bytes).is_none()
+    {
+        return Err(limit(format!("sizes of {:?} x {:?}", w.shape, ids.shape)));
+    }
+    let astride = act_stride(act, k);
+    let route = if pairs > WARP_ROUTE { 4 * experts } else { 0 };
+    // Four pairs per tile once the experts average two pairs or more.
+    let mut tt = if pairs >= 2 * experts { 4 } else { 1 };
+    if tt * astride + route > SHARED_LIMIT {
+        tt = 1;
+    }
+    let shared = tt * astride + route;
+    if shared > SHARED_LIMIT {
+        return Err(limit(format!(
+            "rows of {k} with {experts} experts ({shared} bytes of shared memory)"
+        )));
+    }
+    let tiles = pairs.min(pairs.div_ceil(tt) + experts.min(pairs));
+    if tiles > 65_535 {
+        return Err(limit(format!("{pairs} (token, slot) pairs in one launch")));
+    }
+    let passes = m.div_ceil(ROWS_PER_PASS).max(1);
+    let split = passes.min(TARGET_BLOCKS.div_ceil(tiles.max(1))).max(1);
+    let rows_per_block = passes.div_ceil(split) * ROWS_PER_PASS;
+    Ok(Plan {
+        kernel: format!("mmid_{name}_t{tt}"),
+        grid: (m.div_ceil(rows_per_block) as u32, tiles as u32, 1),
+        shared,
+        rows_per_block,
+        astride,
+        experts,
+        m,
+        k,
+        pairs,
+        slots,
+        x_per_pair: x.rows() != n,
+        row_bytes,
+        align,
+    })
+}
 
 pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
-    Err(unsupported(node.op.name(), "this op".into()))
+    plan(node).map(|_| ())
 }
 
 pub(super) fn scratch_bytes(_node: &OpNode) -> usize {
@@ -22,13 +251,46 @@ pub(super) fn step_scalars(_node: &OpNode) -> Vec<u32> {
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(
-    _k: &CudaKernels,
-    _s: &CudaStream,
+    k: &CudaKernels,
+    s: &CudaStream,
     node: &OpNode,
-    _ins: &[DeviceTensor],
-    _outs: &[DeviceTensor],
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
     _scratch: u64,
     _step: u64,
 ) -> Result<(), OpError> {
-    Err(unsupported(node.op.name(), "this op".into()))
+    check_arity(OP, ins, outs, 3)?;
+    let p = plan(node)?;
+    let (x, w, ids, out) = (&ins[0], &ins[1], &ins[2], &outs[0]);
+    check_aligned(OP, x, 4)?;
+    check_aligned(OP, w, p.align)?;
+    check_aligned(OP, ids, 4)?;
+    check_aligned(OP, out, 4)?;
+    if p.pairs == 0 || p.m == 0 || p.k == 0 {
+        return Ok(());
+    }
+    enqueue(
+        s,
+        k.fns.get(OP, &p.kernel)?,
+        p.grid,
+        THREADS,
+        p.shared as u32,
+        &[
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(ids.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(p.m as i32),
+            Arg::I32(p.k as i32),
+            Arg::I32(p.pairs as i32),
+            Arg::I32(p.slots as i32),
+            Arg::I32(p.x_per_pair as i32),
+            Arg::I32(p.experts as i32),
+            Arg::U64((p.m * p.row_bytes) as u64),
+            Arg::U64(p.row_bytes as u64),
+            Arg::I32(p.rows_per_block as i32),
+            Arg::I32(p.astride as i32),
+        ],
+        OP,
+    )
 }
