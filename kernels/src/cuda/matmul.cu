@@ -433,6 +433,9 @@ DEV float fval(const u8* p, int i) {
     return bf2f(((const u16*)p)[i]);
 }
 
+// Chunks of 64 a lane loads ahead of its products in mm_float_vecdot.
+#define MMF_UNROLL 8
+
 // ggml's vec_dot_{f32,f16,bf16} for TT tokens; 16 lanes per row. The body
 // covers the first k - k % 64 elements; the tail is added by the first lane:
 // f32 with fused multiply-adds, f16 and bf16 in f64.
@@ -455,7 +458,31 @@ DEV void mm_float_vecdot(const u8* w, const u8* act, float* out, int m, int n, i
         for (int t = 0; t < TT; t++)
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[t][j] = 0.0f;
-        for (int base = 0; base < body; base += 64) {
+        // U chunks of 64 loaded before their products: a skinny matrix
+        // (few rows, long k: DeepSeek-V4's mixers and routers) is bound by
+        // the latency of these loads, not by bandwidth. Each accumulator
+        // still takes its chunks in order.
+        int base = 0;
+        for (; base + 64 * MMF_UNROLL <= body; base += 64 * MMF_UNROLL) {
+            float xs[MMF_UNROLL][4], ys[TT][MMF_UNROLL][4];
+#pragma unroll
+            for (int u = 0; u < MMF_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int i = base + 64 * u + 16 * j + l;
+                    xs[u][j] = fval<W>(wr, i);
+#pragma unroll
+                    for (int t = 0; t < TT; t++) ys[t][u][j] = fval<W>(a[t], i);
+                }
+#pragma unroll
+            for (int u = 0; u < MMF_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int t = 0; t < TT; t++)
+                        acc[t][j] = __fmaf_rn(xs[u][j], ys[t][u][j], acc[t][j]);
+        }
+        for (; base < body; base += 64) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float x = fval<W>(wr, base + 16 * j + l);
@@ -473,7 +500,33 @@ DEV void mm_float_vecdot(const u8* w, const u8* act, float* out, int m, int n, i
         float acc[TT][2];
 #pragma unroll
         for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
-        for (int base = 0; base < body; base += 64) {
+        int base = 0;
+        for (; base + 64 * MMF_UNROLL <= body; base += 64 * MMF_UNROLL) {
+            float xs[MMF_UNROLL][4], ys[TT][MMF_UNROLL][4];
+#pragma unroll
+            for (int u = 0; u < MMF_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int i = base + 64 * u + 32 * j + 2 * l;
+                    xs[u][2 * j] = fval<W>(wr, i + 1);
+                    xs[u][2 * j + 1] = fval<W>(wr, i);
+#pragma unroll
+                    for (int t = 0; t < TT; t++) {
+                        ys[t][u][2 * j] = fval<W>(a[t], i + 1);
+                        ys[t][u][2 * j + 1] = fval<W>(a[t], i);
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < MMF_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int t = 0; t < TT; t++) {
+                        acc[t][j] = acc[t][j] + xs[u][2 * j] * ys[t][u][2 * j];
+                        acc[t][j] = acc[t][j] + xs[u][2 * j + 1] * ys[t][u][2 * j + 1];
+                    }
+        }
+        for (; base < body; base += 64) {
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int i = base + 32 * j + 2 * l;
@@ -513,6 +566,58 @@ DEV void mm_float_vecdot(const u8* w, const u8* act, float* out, int m, int n, i
         }
         if (row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = v;
     }
+}
+
+// The one-token form of mm_float_vecdot for f32 and f16 weights: 64
+// threads per row, one per accumulator chain (lane l of quarter j of each
+// 64-element chunk), each loading MMF_UNROLL64 chunks ahead of its
+// products; a lane's four chains meet in shared memory and are reduced as
+// ggml does. Same bits, four times the loads in flight per row: a skinny
+// matrix (DeepSeek-V4's mixers and routers: 16 to 256 rows of 4096 to
+// 16384) is bound by load latency. Four rows per block of 256 threads.
+#define MMF_UNROLL64 16
+template <int W>
+DEV void mm_float_vecdot64(const u8* w, const u8* act, float* out, int m, int n, int kdim) {
+    __shared__ float chains[4][4][16];  // [row of the block][j][l]
+    const int l = threadIdx.x & 15;
+    const int j = (threadIdx.x >> 4) & 3;
+    const int rb = threadIdx.x >> 6;
+    const int row = blockIdx.x * 4 + rb;
+    const int r = min(row, m - 1);
+    const int esz = W == 0 ? 4 : 2;
+    const u8* wr = w + (size_t)r * kdim * esz;
+    const int body = kdim - kdim % 64;
+    float acc = 0.0f;
+    int base = 0;
+    for (; base + 64 * MMF_UNROLL64 <= body; base += 64 * MMF_UNROLL64) {
+        float xs[MMF_UNROLL64], ys[MMF_UNROLL64];
+#pragma unroll
+        for (int u = 0; u < MMF_UNROLL64; u++) {
+            const int i = base + 64 * u + 16 * j + l;
+            xs[u] = fval<W>(wr, i);
+            ys[u] = fval<W>(act, i);
+        }
+#pragma unroll
+        for (int u = 0; u < MMF_UNROLL64; u++) acc = __fmaf_rn(xs[u], ys[u], acc);
+    }
+    for (; base < body; base += 64) {
+        const int i = base + 16 * j + l;
+        acc = __fmaf_rn(fval<W>(wr, i), fval<W>(act, i), acc);
+    }
+    chains[rb][j][l] = acc;
+    __syncthreads();
+    if (j >= 2) return;  // whole warps leave: j 0 and 1 share one
+    float v = reduce16_lanes((chains[rb][0][l] + chains[rb][2][l]) +
+                             (chains[rb][1][l] + chains[rb][3][l]));
+    if (j != 0 || l != 0) return;
+    if (W == 0) {
+        for (int i = body; i < kdim; i++) v = __fmaf_rn(fval<W>(wr, i), fval<W>(act, i), v);
+    } else {
+        double s = (double)v;
+        for (int i = body; i < kdim; i++) s += (double)(fval<W>(wr, i) * fval<W>(act, i));
+        v = __double2float_rn(s);
+    }
+    if (row < m) out[row] = v;
 }
 
 // tinyBLAS order (n >= 2, k a multiple of 16 (32 for bf16), m a multiple of 4).
@@ -587,6 +692,8 @@ MM_ENTRY(mm_q4_k_t4, mm_q4k<4>)
 MM_ENTRY(mm_q6_k_t1, mm_q6k<1>)
 MM_ENTRY(mm_q6_k_t4, mm_q6k<4>)
 MM_ENTRY(mm_f32_dot_t1, (mm_float_vecdot<0, 1>))
+MM_ENTRY(mm_f32_dot64_t1, mm_float_vecdot64<0>)
+MM_ENTRY(mm_f16_dot64_t1, mm_float_vecdot64<1>)
 MM_ENTRY(mm_f32_dot_t4, (mm_float_vecdot<0, 4>))
 MM_ENTRY(mm_f16_dot_t1, (mm_float_vecdot<1, 1>))
 MM_ENTRY(mm_f16_dot_t4, (mm_float_vecdot<1, 4>))

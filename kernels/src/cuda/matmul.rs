@@ -84,6 +84,8 @@ pub(super) const KERNELS: &[&str] = &[
     "mm_q6_k_t1",
     "mm_q6_k_t4",
     "mm_f32_dot_t1",
+    "mm_f32_dot64_t1",
+    "mm_f16_dot64_t1",
     "mm_f32_dot_t4",
     "mm_f16_dot_t1",
     "mm_f16_dot_t4",
@@ -467,6 +469,9 @@ fn plan(wdtype: DType, k: usize, m: usize, n: usize) -> Plan {
                     16,
                     TOKENS_PER_THREAD,
                 )
+            } else if n == 1 && wdtype != DType::BF16 {
+                // One thread per accumulator chain (64 per row).
+                simple(format!("mm_{name}_dot64_t1"), 4, 1)
             } else {
                 simple(format!("mm_{name}_dot_t{tt}"), 16, tt)
             }
