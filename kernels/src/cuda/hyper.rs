@@ -7,6 +7,12 @@
 //! next to a rounding midpoint). The f64 sums of squares follow
 //! [`super::F64_SUM_ENV`] like rms_norm: every method reproduces the
 //! CPU's sequential sum exactly.
+//!
+//! Decode shapes (a few rows) are latency bound, so they get more threads
+//! per row: on sm_90 a cluster of eight blocks per row (the `_cl` kernels,
+//! for hc <= 5 mixes with streams and hc = 4 collapses of up to 4096 columns
+//! under the bounded sum method), else one block of 1024 threads; many rows
+//! get a block of 256 threads each.
 
 use super::launch::{
     bad_call, check_aligned, check_arity, f64_sum_method, launch as enqueue, row_stage,
@@ -17,12 +23,42 @@ use cudarc::driver::CudaStream;
 use weft_ops::dsv4::HcMixParams;
 use weft_ops::{DType, Op, OpError, OpNode};
 
-pub(super) const KERNELS: &[&str] = &["hc_mix_f32", "hc_collapse_f32", "hc_expand_f32"];
+pub(super) const KERNELS: &[&str] = &[
+    "hc_mix_f32",
+    "hc_mix_cl_f32",
+    "hc_collapse_f32",
+    "hc_collapse_cl_f32",
+    "hc_expand_f32",
+];
 
-/// Threads per block of hc_mix and hc_collapse (`HC_BLOCK` in hyper.cu).
+/// Threads per row of hc_mix and hc_collapse when there are many rows.
 const BLOCK: u32 = 256;
+/// Threads per row when there are few (at most [`WIDE_ROWS`]).
+const WIDE_BLOCK: u32 = 1024;
+/// Rows up to which a row gets [`WIDE_BLOCK`] threads (or a cluster).
+/// H200, hc 4 x 4096: at 128 rows 1024 threads take hc_mix 12.4 us and
+/// hc_collapse 6.2 (256: 14.8 and 8.7); at 512 rows 256 threads win
+/// (17.5 and 13.6 against 38.9 and 17.9).
+const WIDE_ROWS: usize = 128;
+/// Rows up to which the cluster kernels run (sm_90). H200, hc 4 x 4096,
+/// Nsight Compute: one row 9.5 us (hc_mix) and 3.6 (hc_collapse) against
+/// 10.1 and 4.4 with one block of 1024 threads (the kernels before took
+/// 27.4 and 19.2); 37 rows 10.9 and 4.4; at 128 rows the wide block wins.
+const CLUSTER_ROWS: usize = 64;
+/// Blocks per row of the cluster kernels (`HC_CLUSTER` in hyper.cu).
+const CLUSTER: u32 = 8;
+/// Threads per block of the cluster kernels (`HC_CL_BLOCK` in hyper.cu).
+const CLUSTER_BLOCK: u32 = 128;
 /// Streams hc_mix handles: one thread per comb entry (`HC_MAX` in hyper.cu).
 const MIX_MAX_STREAMS: usize = 16;
+/// Streams up to which hc_mix's Sinkhorn runs in one warp (`HC_WARP_STREAMS`).
+const MIX_WARP_STREAMS: usize = 5;
+/// Columns up to which hc_collapse_cl_f32 takes a row (one float4 group
+/// per thread of the cluster).
+const COLLAPSE_CLUSTER_COLS: usize = 4 * (CLUSTER * CLUSTER_BLOCK) as usize;
+/// `method` of the bounded f64 sums (`SUM_BOUNDED` in common.cu): the
+/// cluster kernels handle only that one.
+const SUM_BOUNDED: i32 = 3;
 /// Threads per block of hc_expand.
 const EXPAND_BLOCK: u32 = 128;
 
@@ -107,11 +143,27 @@ unsafe fn mix(
         (true, Some(x)) => (x.ptr, x.tensor.cols()),
         _ => (0, 0),
     };
+    let method = f64_sum_method(OP)?;
+    let hc = p.hc;
+    let warp = hc <= MIX_WARP_STREAMS;
+    // The tail needs a thread per mixer output, two warps (Sinkhorn, pre
+    // and post) or a thread per comb entry.
+    let need = if warp { mix.max(64) } else { mix.max(hc * hc) }.next_multiple_of(32) as u32;
+    let (name, grid, block) =
+        if x != 0 && warp && method == SUM_BOUNDED && rows <= CLUSTER_ROWS && has_clusters(k) {
+            ("hc_mix_cl_f32", rows as u32 * CLUSTER, CLUSTER_BLOCK)
+        } else if x == 0 {
+            ("hc_mix_f32", rows as u32, need)
+        } else if rows <= WIDE_ROWS {
+            ("hc_mix_f32", rows as u32, WIDE_BLOCK)
+        } else {
+            ("hc_mix_f32", rows as u32, BLOCK.max(need))
+        };
     enqueue(
         s,
-        k.fns.get(OP, "hc_mix_f32")?,
-        (rows as u32, 1, 1),
-        BLOCK,
+        k.fns.get(OP, name)?,
+        (grid, 1, 1),
+        block,
         0,
         &[
             Arg::Ptr(m.ptr),
@@ -120,15 +172,22 @@ unsafe fn mix(
             Arg::Ptr(x),
             Arg::Ptr(out.ptr),
             Arg::I32(mix as i32),
-            Arg::I32(p.hc as i32),
+            Arg::I32(hc as i32),
             Arg::I32(p.iters as i32),
             Arg::F32(p.eps),
             Arg::F32(p.norm_eps.unwrap_or(0.0)),
             Arg::I32(xc as i32),
-            Arg::I32(f64_sum_method(OP)?),
+            Arg::I32(method),
         ],
         OP,
     )
+}
+
+/// Whether `k`'s device has thread block clusters (sm_90 and later).
+fn has_clusters(k: &CudaKernels) -> bool {
+    k.ctx
+        .compute_capability()
+        .is_ok_and(|(major, _)| major >= 9)
 }
 
 unsafe fn collapse(
@@ -159,12 +218,49 @@ unsafe fn collapse(
         (Some(_), Some(w)) => w.ptr,
         _ => 0,
     };
+    let method = f64_sum_method(OP)?;
+    let eps = norm_eps.unwrap_or(0.0);
+    let cc = co.tensor.cols() as i32;
+    if w != 0
+        && hc == 4
+        && d % 4 == 0
+        && d <= COLLAPSE_CLUSTER_COLS
+        && [x.ptr, out.ptr, w].iter().all(|p| p % 16 == 0)
+        && method == SUM_BOUNDED
+        && rows <= CLUSTER_ROWS
+        && has_clusters(k)
+    {
+        return enqueue(
+            s,
+            k.fns.get(OP, "hc_collapse_cl_f32")?,
+            (rows as u32 * CLUSTER, 1, 1),
+            CLUSTER_BLOCK,
+            0,
+            &[
+                Arg::Ptr(x.ptr),
+                Arg::Ptr(co.ptr),
+                Arg::Ptr(w),
+                Arg::Ptr(out.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(cc),
+                Arg::F32(eps),
+            ],
+            OP,
+        );
+    }
+    // Few rows: a thread per float4 column group (one pass keeps y and the
+    // weights in registers), up to 1024.
+    let block = if rows <= WIDE_ROWS {
+        (d.div_ceil(4).next_multiple_of(32) as u32).clamp(128, WIDE_BLOCK)
+    } else {
+        BLOCK
+    };
     let (stage_bytes, staged) = if w != 0 { row_stage(d) } else { (0, 0) };
     enqueue(
         s,
         k.fns.get(OP, "hc_collapse_f32")?,
         (rows as u32, 1, 1),
-        BLOCK,
+        block,
         stage_bytes,
         &[
             Arg::Ptr(x.ptr),
@@ -173,10 +269,10 @@ unsafe fn collapse(
             Arg::Ptr(out.ptr),
             Arg::I32(hc as i32),
             Arg::I32(d as i32),
-            Arg::I32(co.tensor.cols() as i32),
-            Arg::F32(norm_eps.unwrap_or(0.0)),
+            Arg::I32(cc),
+            Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(f64_sum_method(OP)?),
+            Arg::I32(method),
         ],
         OP,
     )

@@ -196,6 +196,12 @@ fn hc_mix_within_tolerance() {
         mc(9, 3, 100, false, 7),
         mc(6, 16, 64, false, 20),
         mc(4, 1, 64, false, 3),
+        // Prefill past the few-rows kernels (a block of 256 per row), the
+        // block Sinkhorn with many rows, a stream width not a multiple of 4.
+        mc(100, 4, 4096, false, 20),
+        mc(65, 16, 64, false, 20),
+        mc(9, 3, 33, false, 7),
+        mc(70, 3, 33, false, 7),
     ];
     let (mut total, mut differ) = (0, 0);
     for_each_method(|method| {
@@ -302,6 +308,11 @@ fn hc_collapse_bit_exact() {
         // hc 1, coefficient 1: the adversarial rows for the norm's sum.
         (6, 1, 576, 3),
         (4, 1, 9000, 3),
+        // Prefill past the few-rows kernels (a block of 256 per row, four
+        // passes over the row), a tiny row, odd streams over many rows.
+        (100, 4, 4096, 24),
+        (2, 4, 36, 24),
+        (70, 3, 100, 15),
     ];
     for_each_method(|method| {
         for (rows, hc, d, cc) in shapes {
@@ -315,6 +326,48 @@ fn hc_collapse_bit_exact() {
                     &mut mem,
                 );
             }
+        }
+    });
+}
+
+/// The norm's rounding edge through every collapse kernel of four streams
+/// (the cluster kernel for few rows, one block per row for many, rows too
+/// long for either's one pass): coefficients (1, 0, 0, 0) pass stream 0
+/// through unchanged, and stream 0 of some rows is `edge_row`.
+#[test]
+fn hc_collapse_rounding_edge_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(0x4c06);
+    let (hc, cc) = (4, 24);
+    for_each_method(|method| {
+        for (rows, d) in [(1, 4096), (5, 4096), (70, 4096), (3, 4000), (3, 9000)] {
+            let mut mem = HostMemory::default();
+            let eps = 1e-6;
+            let mut xv = rng.rows(rows, hc * d);
+            let mut cv = rng.vec(rows * cc, 1.5);
+            for r in (0..rows).filter(|r| r % 2 == 0) {
+                xv[r * hc * d..r * hc * d + d].copy_from_slice(&edge_row(d, eps));
+                let c = &mut cv[r * cc..(r + 1) * cc];
+                c[..hc].copy_from_slice(&[1.0, 0.0, 0.0, 0.0]);
+            }
+            let x = mem.f32_tensor(&[rows, hc * d], &xv).unwrap();
+            let co = mem.f32_tensor(&[rows, cc], &cv).unwrap();
+            let w = mem.f32_tensor(&[d], &rng.vec(d, 1.5)).unwrap();
+            let out = mem.zeros(DType::F32, &[rows, d]).unwrap();
+            let n = node(
+                Op::HcCollapse {
+                    hc,
+                    norm_eps: Some(eps),
+                },
+                vec![x, co, w],
+                vec![out],
+            );
+            check_exact(
+                g,
+                &format!("hc_collapse edge rows {rows}x{hc}x{d} ({method})"),
+                &n,
+                &mut mem,
+            );
         }
     });
 }
