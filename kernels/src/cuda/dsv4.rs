@@ -6,9 +6,9 @@
 //! combination) and `matmul_id` (the indexed expert matmul over every
 //! weight format the public DeepSeek-V4 files use).
 //!
-//! Every family answers the same five questions as [`super::CudaKernels`]:
-//! which kernels it loads, whether it runs a node, the device scratch and
-//! step scalars a launch needs, and the launch itself.
+//! Every family says which kernels it loads, whether it runs a node, and
+//! launches it; the two that need device scratch or step scalars
+//! (`compress`, `sink_attention`) say how much and which.
 
 use super::{compress, hyper, matmul_id, moe, sink_attention, tail_rope};
 use super::{CudaKernels, DeviceTensor};
@@ -77,13 +77,9 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
 /// Bytes of device scratch one launch needs.
 pub(super) fn scratch_bytes(node: &OpNode) -> usize {
     match family(&node.op) {
-        Some(Family::TailRope) => tail_rope::scratch_bytes(node),
-        Some(Family::Hyper) => hyper::scratch_bytes(node),
         Some(Family::Compress) => compress::scratch_bytes(node),
         Some(Family::SinkAttention) => sink_attention::scratch_bytes(node),
-        Some(Family::Moe) => moe::scratch_bytes(node),
-        Some(Family::MatMulId) => matmul_id::scratch_bytes(node),
-        None => 0,
+        _ => 0,
     }
 }
 
@@ -91,13 +87,9 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
 /// [`CudaKernels::step_scalars`]).
 pub(super) fn step_scalars(node: &OpNode) -> Vec<u32> {
     match family(&node.op) {
-        Some(Family::TailRope) => tail_rope::step_scalars(node),
-        Some(Family::Hyper) => hyper::step_scalars(node),
         Some(Family::Compress) => compress::step_scalars(node),
         Some(Family::SinkAttention) => sink_attention::step_scalars(node),
-        Some(Family::Moe) => moe::step_scalars(node),
-        Some(Family::MatMulId) => matmul_id::step_scalars(node),
-        None => Vec::new(),
+        _ => Vec::new(),
     }
 }
 

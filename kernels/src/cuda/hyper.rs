@@ -86,14 +86,6 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     }
 }
 
-pub(super) fn scratch_bytes(_node: &OpNode) -> usize {
-    0
-}
-
-pub(super) fn step_scalars(_node: &OpNode) -> Vec<u32> {
-    Vec::new()
-}
-
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(

@@ -241,14 +241,6 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     plan(&node.op, &ins, &outs).map(|_| ())
 }
 
-pub(super) fn scratch_bytes(_node: &OpNode) -> usize {
-    0
-}
-
-pub(super) fn step_scalars(_node: &OpNode) -> Vec<u32> {
-    Vec::new()
-}
-
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(

@@ -71,14 +71,6 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     Ok(())
 }
 
-pub(super) fn scratch_bytes(_node: &OpNode) -> usize {
-    0
-}
-
-pub(super) fn step_scalars(_node: &OpNode) -> Vec<u32> {
-    Vec::new()
-}
-
 /// The frequencies packed for the kernel: pair `2q` in the low half of
 /// word `q`, pair `2q + 1` in the high half.
 fn freq_words(p: &TailRopeParams) -> [u64; FREQ_WORDS] {
