@@ -82,15 +82,22 @@ fn prefill_and_greedy_decode_match_every_fixture() {
 fn a_context_shorter_than_the_window_gives_the_same_logits() {
     let f = &Fixture::load("flash-tiny", ""); // window 128
     let (mut exec, model, _file) = setup(f, 2);
-    let n = f.prompt.len().min(12);
-    let prompt = &f.prompt[..n];
+    // 12 tokens: past one compressor window (8 positions with overlap);
+    // 5: the compressor's ring (the context) is shorter than its window.
+    for n in [12, 5] {
+        short_context_case(&mut exec, &model, &f.prompt[..n]);
+    }
+}
+
+fn short_context_case(exec: &mut GraphExecutor, model: &DeepSeek4, prompt: &[u32]) {
+    let n = prompt.len();
     let mut logits = Vec::new();
     for context in [n as u32, 512] {
-        let mut cache = model.new_cache(&mut exec, context, context).expect("cache");
+        let mut cache = model.new_cache(exec, context, context).expect("cache");
         logits.push(
             model
                 .prefill(
-                    &mut exec,
+                    exec,
                     &mut cache,
                     prompt,
                     &ChunkPolicy::single(context),

@@ -350,12 +350,17 @@ impl Op {
             _ => self == other,
         }
     }
-    /// Whether the op writes rows of a cache (`set_rows`, alone or fused):
-    /// its declared writes are those rows, its first row a step value.
+    /// Whether the op writes rows of a cache (`set_rows`, alone or fused;
+    /// the compressor's rows of a row table): its first row is a step
+    /// value, and it writes only some rows of its destination, so it
+    /// retires no earlier write of it.
     pub fn writes_cache_rows(&self) -> bool {
         matches!(
             self,
-            Op::SetRows { .. } | Op::RopeSetRows { .. } | Op::MatMulRows { write: Some(_), .. }
+            Op::SetRows { .. }
+                | Op::RopeSetRows { .. }
+                | Op::MatMulRows { write: Some(_), .. }
+                | Op::Compress(_)
         )
     }
 

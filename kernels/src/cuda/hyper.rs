@@ -81,6 +81,9 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
             op,
             format!("{} streams (at most {MIX_MAX_STREAMS})", p.hc),
         )),
+        Op::HcMix(p) if p.iters > i32::MAX as usize => {
+            Err(unsupported(op, format!("{} Sinkhorn iterations", p.iters)))
+        }
         Op::HcMix(_) | Op::HcCollapse { .. } | Op::HcExpand { .. } => Ok(()),
         other => Err(bad_call(other.name(), "not a hyper-connection node".into())),
     }

@@ -195,7 +195,9 @@ fn plan(node: &OpNode) -> Result<Plan, OpError> {
     if [m, k, experts, pairs, x.rows()]
         .iter()
         .any(|&v| v > i32::MAX as usize)
-        || experts.checked_mul(m * row_bytes).is_none()
+        || m.checked_mul(row_bytes)
+            .and_then(|b| b.checked_mul(experts))
+            .is_none()
     {
         return Err(limit(format!("sizes of {:?} x {:?}", w.shape, ids.shape)));
     }

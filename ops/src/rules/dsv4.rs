@@ -136,6 +136,7 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
                 || ape.cols() != width
                 || ape.rows() != p.ratio as usize
                 || kv.rows() != p.ring as usize
+                || p.ring == 0
                 || elems(&ins[3]) != dc
                 || p.rope.head_dim != dc
                 || p.rope.n_dims > dc
@@ -143,14 +144,20 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
             {
                 return bad(format!(
                     "ratio {} (overlap {}) over rings {:?} with ape {:?}: rows {}..{} of {:?} (ring {})",
-                    p.ratio, p.overlap, kv.shape, ape.shape, p.first_row, p.first_row + p.rows, out.shape, p.ring
+                    p.ratio, p.overlap, kv.shape, ape.shape, p.first_row, p.first_row as u64 + p.rows as u64, out.shape, p.ring
                 ));
             }
-            let window = p.ratio as usize * (1 + p.overlap as usize);
-            if p.ring as usize + 1 < window {
+            // Every position a pooled row reads must still be in its slot:
+            // the ring holds a whole window, or (a context shorter than the
+            // ring's window) no position read has wrapped yet.
+            let window = p.ratio as u64 * (1 + p.overlap as u64);
+            let end = (p.first_row as u64 + p.rows as u64) * p.ratio as u64;
+            if (p.ring as u64) < window && end > p.ring as u64 {
                 return bad(format!(
-                    "a ring of {} slots cannot hold a window of {window} tokens",
-                    p.ring
+                    "a ring of {} slots cannot hold a window of {window} tokens (rows {}..{} read positions up to {end})",
+                    p.ring,
+                    p.first_row,
+                    p.first_row as u64 + p.rows as u64
                 ));
             }
         }
