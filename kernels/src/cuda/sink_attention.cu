@@ -1,5 +1,5 @@
 // DeepSeek-V4 attention with a sink over a window ring plus compressed rows
-// (sink_attention.rs says why it is three kernels). The CPU's order, which
+// (sink_attention.rs says why it is two kernels). The CPU's order, which
 // these kernels keep:
 //   s_j   = (sum_c q[c] * k_j[c], f32, in c order from -0.0) * scale
 //   mx    = max(sink, s_j...)
@@ -18,10 +18,21 @@
 #define SINK_HB (SINK_HR * SINK_WARPS)  // heads per scores block
 #define SINK_DC 128      // columns staged at a time
 #define SINK_KSTRIDE (SINK_DC + 4)      // 16-byte rows, conflict-free float4 reads
-#define SINK_SM_HEADS 8  // heads per softmax block (one warp each)
-#define SINK_OUT_HEADS 4 // heads per output block
-#define SINK_OUT_COLS 64 // columns per output block
-#define SINK_OUT_KT 64   // key slots staged at a time by the output kernel
+#define SINK_KREG (SINK_KT * SINK_DC / (32 * SINK_WARPS))  // staged key values per thread
+#define SINK_QREG (SINK_HB * SINK_DC / (32 * SINK_WARPS))  // staged query values per thread
+
+#define SINK_AH 8        // heads per attend block (two per warp)
+#define SINK_AC 32       // columns per attend block (one per lane)
+#define SINK_AT 128      // threads per attend block
+#define SINK_WCAP 640    // keys per segment: their weights stay in shared memory
+#define SINK_VK 32       // keys per value stage
+#define SINK_VS 5        // value stages in flight
+
+// The staging maps thread t to column t (or quad t % 32) of a chunk, and
+// the attend block's warps to pairs of its heads, lanes to its columns.
+static_assert(SINK_DC == 32 * SINK_WARPS && SINK_QREG == SINK_HB, "scores staging");
+static_assert(SINK_AC == 32 && SINK_AH == 2 * (SINK_AT / 32), "attend layout");
+static_assert(SINK_WCAP % SINK_AT == 0 && SINK_WCAP % 2 == 0 && SINK_VK % 2 == 0, "segments");
 
 struct SinkGeom {
     const void* win;    // f32 or f16 [ring, d]
@@ -49,109 +60,230 @@ DEV SinkGeom sink_geom(const void* win, const void* rows, const i32* sel, const 
     return g;
 }
 
-// Compressed rows query i may use: (t + 1) / ratio, at most m.
-DEV u64 sink_visible(const SinkGeom& g, int i) {
-    if (g.ratio == 0) return 0;
+// What one query row sees: its window's length and first ring slot, and
+// the compressed rows it may use ((t + 1) / ratio, at most m).
+struct SinkRow {
+    u32 count, start, visible;
+};
+
+DEV SinkRow sink_row(const SinkGeom& g, int i) {
     const u64 t = (u64)g.qpos + (u64)i;
-    const u64 v = (t + 1) / g.ratio;
-    return v < g.m ? v : (u64)g.m;
+    const u64 count = t + 1 < g.window ? t + 1 : (u64)g.window;
+    SinkRow r;
+    r.count = (u32)count;
+    r.start = (u32)((t + 1 - count) % g.ring);
+    const u64 v = g.ratio ? (t + 1) / g.ratio : 0;
+    r.visible = (u32)(v < g.m ? v : (u64)g.m);
+    return r;
 }
 
-// Slots of query i worth visiting (the rest hold no key).
-DEV int sink_limit(const SinkGeom& g, int i) {
+// Slots of a query worth visiting (the rest hold no key).
+DEV int sink_limit(const SinkGeom& g, const SinkRow& r) {
     if (g.ratio == 0) return (int)g.window;
     if (g.sel) return (int)g.window + g.top_k;
-    return (int)g.window + (int)sink_visible(g, i);
+    return (int)g.window + (int)r.visible;
 }
 
 // The source of slot `slot` of query i, or -1.
-DEV int sink_source(const SinkGeom& g, int i, int slot) {
-    const u64 t = (u64)g.qpos + (u64)i;
+DEV int sink_src(const SinkGeom& g, const SinkRow& r, int i, int slot) {
     if (slot < (int)g.window) {
-        const u64 count = t + 1 < g.window ? t + 1 : (u64)g.window;
-        if ((u64)slot >= count) return -1;
-        const u64 pos = t + 1 - count + (u64)slot;
-        return (int)(pos % g.ring);
+        if ((u32)slot >= r.count) return -1;
+        u32 p = r.start + (u32)slot;  // < 2^32: ring + rows and the slots fit an i32
+        if (p >= g.ring) {
+            p -= g.ring;
+            if (p >= g.ring) p %= g.ring;
+        }
+        return (int)p;
     }
     if (g.ratio == 0) return -1;
     const int k = slot - (int)g.window;
-    const u64 visible = sink_visible(g, i);
-    u64 w;
+    u32 w;
     if (g.sel) {
         if (k >= g.top_k) return -1;
         const i32 s = g.sel[(size_t)i * g.top_k + k];
         if (s < 0) return -1;
-        w = (u64)s;
+        w = (u32)s;
     } else {
-        w = (u64)k;
+        w = (u32)k;
     }
     // Rows past the visible ones are an error on the CPU; never read here.
-    if (w >= visible) return -1;
+    if (w >= r.visible) return -1;
     return (int)(g.ring + w);
 }
 
-// Element c of source row `src` (>= 0), as f32.
-DEV float sink_load(const SinkGeom& g, int src, int c) {
-    if ((u32)src < g.ring) {
-        const size_t at = (size_t)src * g.d + c;
-        return (g.flags & 1) ? h2f(((const u16*)g.win)[at]) : ((const float*)g.win)[at];
-    }
-    const size_t at = (size_t)(src - (int)g.ring) * g.d + c;
-    return (g.flags & 2) ? h2f(((const u16*)g.rows)[at]) : ((const float*)g.rows)[at];
+DEV bool sink_is16(const SinkGeom& g, int src) {
+    return (u32)src < g.ring ? (g.flags & 1) != 0 : (g.flags & 2) != 0;
+}
+
+// The first byte of source row `src` (>= 0).
+DEV const u8* sink_row_ptr(const SinkGeom& g, int src) {
+    if ((u32)src < g.ring)
+        return (const u8*)g.win + (size_t)src * g.d * ((g.flags & 1) ? 2 : 4);
+    return (const u8*)g.rows + (size_t)(src - (int)g.ring) * g.d * ((g.flags & 2) ? 2 : 4);
+}
+
+// ---- asynchronous copies into shared memory (sm_80+) ----
+
+DEV u32 sink_smem(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+DEV void sink_cp4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sink_smem(dst)), "l"(src));
+}
+DEV void sink_cp16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sink_smem(dst)), "l"(src));
+}
+DEV void sink_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+DEV void sink_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Kernel 1: scores. Block (slot tile of 32, group of 16 heads, query);
 // lane = slot, warp = 4 heads. Each thread runs its 4 dot products in the
 // CPU's order (one f32 chain over the columns each), from query and key
-// columns staged 128 at a time in shared memory. Writes s = dot * scale
-// into scores[row][head][slot].
-extern "C" __global__ void sink_scores(const float* q, const void* win, const void* rows,
-                                       const i32* sel, float* scores, const u32* step,
-                                       u32 qpos, u32 window, u32 ring, u32 ratio, u32 m,
-                                       int top_k, int heads, int d, int flags, int slots,
-                                       int row0, float scale) {
+// columns staged 128 at a time in shared memory; the next 128 are loaded
+// into registers (16-byte loads when `vec`) while these are summed. Writes
+// s = dot * scale into scores[row][head][slot].
+extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
+    sink_scores(const float* q, const void* win, const void* rows, const i32* sel, float* scores,
+                const u32* step, u32 qpos, u32 window, u32 ring, u32 ratio, u32 m, int top_k,
+                int heads, int d, int flags, int slots, int row0, float scale, int vec) {
     pdl_sync();
-    __shared__ __align__(16) float qs[SINK_HB][SINK_DC];
-    __shared__ __align__(16) float ks[SINK_KT][SINK_KSTRIDE];
-    __shared__ int src_s[SINK_KT];
+    __shared__ __align__(16) float ks[SINK_KT * SINK_KSTRIDE];
+    __shared__ __align__(16) float qs[SINK_HB * SINK_DC];
+    __shared__ const u8* kp[SINK_KT];
+    __shared__ int kf[SINK_KT];
     const SinkGeom g = sink_geom(win, rows, sel, step, qpos, window, ring, ratio, m, top_k, d,
                                  flags);
     const int local = blockIdx.z, i = row0 + local;
+    const SinkRow r = sink_row(g, i);
     const int base = blockIdx.x * SINK_KT;
-    const int limit = sink_limit(g, i);
+    const int limit = sink_limit(g, r);
     if (base >= limit) return;  // the whole tile holds no key (block-uniform)
     const int h0 = blockIdx.y * SINK_HB;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x < SINK_KT) {
-        const int slot = base + threadIdx.x;
-        src_s[threadIdx.x] = slot < limit ? sink_source(g, i, slot) : -1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid < SINK_KT) {
+        const int slot = base + tid;
+        const int src = slot < limit ? sink_src(g, r, i, slot) : -1;
+        kp[tid] = src >= 0 ? sink_row_ptr(g, src) : nullptr;
+        kf[tid] = src >= 0 && sink_is16(g, src);
     }
+    __syncthreads();
+    const float* qi = q + (size_t)i * heads * d;
+    // Staged values of one column chunk: keys then queries, raw (f16 keys
+    // are widened when stored). With `vec`, thread t holds quads t + 128 j.
+    u32 reg[SINK_KREG + SINK_QREG];
+    auto load = [&](int c0) {
+        const int len = min(SINK_DC, d - c0);
+        if (vec) {
+            const int c = 4 * lane;
+#pragma unroll
+            for (int j = 0; j < SINK_KREG / 4; j++) {
+                const int row = warp + SINK_WARPS * j;
+                const u8* p = kp[row];
+                u32* o = reg + 4 * j;
+                o[0] = o[1] = o[2] = o[3] = 0;
+                if (p && c < len) {
+                    if (kf[row]) {
+                        const uint2 x = *(const uint2*)(p + (size_t)(c0 + c) * 2);
+                        o[0] = x.x;
+                        o[1] = x.y;
+                    } else {
+                        const uint4 x = *(const uint4*)(p + (size_t)(c0 + c) * 4);
+                        o[0] = x.x;
+                        o[1] = x.y;
+                        o[2] = x.z;
+                        o[3] = x.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < SINK_QREG / 4; j++) {
+                const int head = h0 + warp + SINK_WARPS * j;
+                u32* o = reg + SINK_KREG + 4 * j;
+                o[0] = o[1] = o[2] = o[3] = 0;
+                if (head < heads && c < len) {
+                    const uint4 x = *(const uint4*)(qi + (size_t)head * d + c0 + c);
+                    o[0] = x.x;
+                    o[1] = x.y;
+                    o[2] = x.z;
+                    o[3] = x.w;
+                }
+            }
+        } else {
+            const int c = tid;  // one column per thread, one row per register
+#pragma unroll
+            for (int j = 0; j < SINK_KREG; j++) {
+                const u8* p = kp[j];
+                reg[j] = 0;
+                if (p && c < len)
+                    reg[j] = kf[j] ? (u32)((const u16*)p)[c0 + c]
+                                   : __float_as_uint(((const float*)p)[c0 + c]);
+            }
+#pragma unroll
+            for (int j = 0; j < SINK_QREG; j++) {
+                const int head = h0 + j;
+                reg[SINK_KREG + j] = 0;
+                if (head < heads && c < len)
+                    reg[SINK_KREG + j] = __float_as_uint(qi[(size_t)head * d + c0 + c]);
+            }
+        }
+    };
+    auto store = [&]() {
+        if (vec) {
+            const int c = 4 * lane;
+#pragma unroll
+            for (int j = 0; j < SINK_KREG / 4; j++) {
+                const int row = warp + SINK_WARPS * j;
+                const u32* o = reg + 4 * j;
+                float4 v;
+                if (kf[row]) {
+                    v = make_float4(h2f((u16)(o[0] & 0xffffu)), h2f((u16)(o[0] >> 16)),
+                                    h2f((u16)(o[1] & 0xffffu)), h2f((u16)(o[1] >> 16)));
+                } else {
+                    v = make_float4(__uint_as_float(o[0]), __uint_as_float(o[1]),
+                                    __uint_as_float(o[2]), __uint_as_float(o[3]));
+                }
+                *(float4*)&ks[row * SINK_KSTRIDE + c] = v;
+            }
+#pragma unroll
+            for (int j = 0; j < SINK_QREG / 4; j++) {
+                const u32* o = reg + SINK_KREG + 4 * j;
+                *(float4*)&qs[(warp + SINK_WARPS * j) * SINK_DC + c] =
+                    make_float4(__uint_as_float(o[0]), __uint_as_float(o[1]),
+                                __uint_as_float(o[2]), __uint_as_float(o[3]));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < SINK_KREG; j++)
+                ks[j * SINK_KSTRIDE + tid] =
+                    kf[j] ? h2f((u16)reg[j]) : __uint_as_float(reg[j]);
+#pragma unroll
+            for (int j = 0; j < SINK_QREG; j++)
+                qs[j * SINK_DC + tid] = __uint_as_float(reg[SINK_KREG + j]);
+        }
+    };
     float acc[SINK_HR];
 #pragma unroll
     for (int u = 0; u < SINK_HR; u++) acc[u] = -0.0f;  // Rust's f32 sum starts at -0.0
+    load(0);
+    store();
+    __syncthreads();
     for (int c0 = 0; c0 < d; c0 += SINK_DC) {
         const int len = min(SINK_DC, d - c0);
-        __syncthreads();  // src_s written; the previous columns consumed
-        for (int hh = warp; hh < SINK_HB; hh += SINK_WARPS) {
-            const int head = h0 + hh;
-            const float* qr = q + ((size_t)i * heads + head) * d + c0;
-#pragma unroll 4
-            for (int c = lane; c < len; c += 32) qs[hh][c] = head < heads ? qr[c] : 0.0f;
-        }
-        for (int r = warp; r < SINK_KT; r += SINK_WARPS) {
-            const int src = src_s[r];
-#pragma unroll 4
-            for (int c = lane; c < len; c += 32)
-                ks[r][c] = src >= 0 ? sink_load(g, src, c0 + c) : 0.0f;
-        }
-        __syncthreads();
-        const float* kr = ks[lane];
+        const bool more = c0 + SINK_DC < d;
+        if (more) load(c0 + SINK_DC);  // in flight while this chunk is summed
+        const float* kr = ks + lane * SINK_KSTRIDE;
+        const float* qr = qs + warp * SINK_HR * SINK_DC;
         int c = 0;
         for (; c + 4 <= len; c += 4) {
             const float4 kv = *(const float4*)(kr + c);
 #pragma unroll
             for (int u = 0; u < SINK_HR; u++) {
-                const float4 qv = *(const float4*)(&qs[warp * SINK_HR + u][c]);
+                const float4 qv = *(const float4*)(qr + u * SINK_DC + c);
                 acc[u] = acc[u] + qv.x * kv.x;
                 acc[u] = acc[u] + qv.y * kv.y;
                 acc[u] = acc[u] + qv.z * kv.z;
@@ -161,7 +293,12 @@ extern "C" __global__ void sink_scores(const float* q, const void* win, const vo
         for (; c < len; c++) {
             const float kv = kr[c];
 #pragma unroll
-            for (int u = 0; u < SINK_HR; u++) acc[u] = acc[u] + qs[warp * SINK_HR + u][c] * kv;
+            for (int u = 0; u < SINK_HR; u++) acc[u] = acc[u] + qr[u * SINK_DC + c] * kv;
+        }
+        if (more) {
+            __syncthreads();  // this chunk consumed
+            store();
+            __syncthreads();
         }
     }
     const int slot = base + lane;
@@ -171,53 +308,6 @@ extern "C" __global__ void sink_scores(const float* q, const void* win, const vo
         const int head = h0 + warp * SINK_HR + u;
         if (head < heads) scores[((size_t)local * heads + head) * slots + slot] = acc[u] * scale;
     }
-}
-
-// Kernel 2: softmax weights, one warp per (query, head), in place: the max
-// (order-free), then the exponentials by the lanes and the denominator in
-// slot order (every lane adds the 32 values of a chunk, read back from
-// shared memory in turn), then w = e / den.
-extern "C" __global__ void sink_softmax(const void* win, const void* rows, const i32* sel,
-                                        const float* sinks, float* scores, const u32* step,
-                                        u32 qpos, u32 window, u32 ring, u32 ratio, u32 m,
-                                        int top_k, int heads, int d, int flags, int slots,
-                                        int row0) {
-    pdl_sync();
-    const SinkGeom g = sink_geom(win, rows, sel, step, qpos, window, ring, ratio, m, top_k, d,
-                                 flags);
-    const int local = blockIdx.y, i = row0 + local;
-    const int lane = threadIdx.x & 31;
-    const int head = blockIdx.x * SINK_SM_HEADS + (threadIdx.x >> 5);
-    __shared__ float chunks[SINK_SM_HEADS][32];
-    float* chunk = chunks[threadIdx.x >> 5];
-    if (head >= heads) return;  // warp-uniform; no block barrier below
-    const int limit = sink_limit(g, i);
-    float* sc = scores + ((size_t)local * heads + head) * slots;
-    const float sink = sinks[head];
-    float mx = sink;
-    for (int slot = lane; slot < limit; slot += 32)
-        if (sink_source(g, i, slot) >= 0) mx = fmaxf(mx, sc[slot]);
-    mx = warp_max(mx);
-    float den = glibc_expf(sink - mx);
-    for (int base = 0; base < limit; base += 32) {
-        const int slot = base + lane;
-        bool valid = false;
-        float e = 0.0f;
-        if (slot < limit && sink_source(g, i, slot) >= 0) {
-            valid = true;
-            e = glibc_expf(sc[slot] - mx);
-        }
-        if (slot < limit) sc[slot] = e;
-        const u32 vb = __ballot_sync(FULL_MASK, valid);
-        chunk[lane] = e;
-        __syncwarp();
-#pragma unroll 8
-        for (int k = 0; k < 32; k++)
-            if ((vb >> k) & 1u) den = den + chunk[k];
-        __syncwarp();  // read before the next chunk overwrites
-    }
-    // Each lane divides the values it wrote itself.
-    for (int slot = lane; slot < limit; slot += 32) sc[slot] = sc[slot] / den;
 }
 
 // The output rope's (cos, sin) of pair `pair` at `pos`, as
@@ -253,86 +343,345 @@ DEV void sink_rope_cs(int pair, int pos, int n_dims, float base_f, int yarn, flo
     *sn = __double2float_rn(s);
 }
 
-// Kernel 3: the weighted value sums. Block (64-column chunk, group of 4
-// heads, query); thread = (head, column), summing its column over the
-// slots in order (weights and sources staged 64 slots at a time; value
-// rows read once per block through L1). With the output rope, column
-// chunks start at an offset `shift` (0 or 1) that makes every rotated pair
-// (nope + 2p, nope + 2p + 1) fall on lanes (2l, 2l + 1) of one warp.
-extern "C" __global__ void sink_output(const void* win, const void* rows, const i32* sel,
-                                       const float* scores, float* out, const u32* step,
-                                       u32 qpos, u32 window, u32 ring, u32 ratio, u32 m,
-                                       int top_k, int heads, int d, int flags, int slots,
-                                       int row0, int shift, int rope_dims, float rope_base,
-                                       int yarn, float yarn_factor, u32 yarn_orig_ctx,
-                                       float yarn_beta_fast, float yarn_beta_slow,
-                                       int rope_inverse) {
-    pdl_sync();
-    __shared__ int src_s[SINK_OUT_KT];
-    __shared__ float w_s[SINK_OUT_HEADS][SINK_OUT_KT];
-    const SinkGeom g = sink_geom(win, rows, sel, step, qpos, window, ring, ratio, m, top_k, d,
-                                 flags);
-    const int local = blockIdx.z, i = row0 + local;
-    const int hl = threadIdx.x / SINK_OUT_COLS, cl = threadIdx.x % SINK_OUT_COLS;
-    const int head = blockIdx.y * SINK_OUT_HEADS + hl;
-    const int c = (int)blockIdx.x * SINK_OUT_COLS - shift + cl;
-    const bool active = head < heads && c >= 0 && c < d;
-    const int limit = sink_limit(g, i);
-    float acc = 0.0f;
-    for (int base = 0; base < limit; base += SINK_OUT_KT) {
-        __syncthreads();  // the previous tile consumed
-        if (threadIdx.x < SINK_OUT_KT) {
-            const int slot = base + threadIdx.x;
-            src_s[threadIdx.x] = slot < limit ? sink_source(g, i, slot) : -1;
+// Where the weight of (key, head) of a segment lives in the attend
+// kernel's shared memory: per key pair, per head pair, [key & 1][head & 1],
+// so a warp reads its two heads' weights of two keys as one float4 and the
+// lane that sums head h's denominator reads conflict-free.
+DEV int sink_widx(int key, int h) {
+    return ((key >> 1) << 4) | ((h >> 1) << 2) | ((key & 1) << 1) | (h & 1);
+}
+
+struct SinkRope {
+    int shift, dims;
+    float base;
+    int yarn;
+    float factor;
+    u32 orig_ctx;
+    float beta_fast, beta_slow;
+    int inverse;
+};
+
+// Kernel 2 (the body; KIND 0: f32 keys only, 1: f16 only, 2: both). Block
+// (32-column chunk, group of 8 heads, query): the softmax of its 8 heads,
+// then thread = (2 heads, 1 column) sums its columns over the keys in
+// order. The valid keys go in segments of SINK_WCAP (one segment for
+// decode shapes; with more, each pass gathers the scores again):
+//   list:   the segment's valid slots in order, with their sources;
+//   pass 0: scores gathered into shared memory (cp.async), max per head;
+//   pass 1: e = expf(s - mx) in place; lane h of warp 0 sums head h's
+//           denominator in key order;
+//   pass 2: w = e / den in place; the value rows' 32 columns come through
+//           SINK_VS stages of SINK_VK keys (cp.async, the first ones issued
+//           in pass 0), each warp summing its 2 heads, 2 keys at a time.
+// With the output rope, column chunks start at an offset `shift` (0 or 1)
+// that makes every rotated pair (nope + 2p, nope + 2p + 1) fall on lanes
+// (2l, 2l + 1) of one warp.
+template <int KIND>
+DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* scores, float* out,
+                          int heads, int slots, int local, int i, const SinkRope& rp, int vmode,
+                          float* w_s, float* vs, int* key_src, u16* key_slot, int* warp_tot,
+                          float* mx_s, float* den_s) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const SinkRow r = sink_row(g, i);
+    const int limit = sink_limit(g, r);
+    const int h0 = blockIdx.y * SINK_AH;
+    const int hA = h0 + 2 * warp, hB = hA + 1;
+    const int c0 = (int)blockIdx.x * SINK_AC - rp.shift;
+    const int c = c0 + lane;
+    const int d = g.d;
+    const float* sc_row = scores + (size_t)local * heads * slots;
+    const int nseg = (limit + SINK_WCAP - 1) / SINK_WCAP;
+    const bool resident = nseg == 1;
+
+    // The valid slots of [s0, s1) in order (at most SINK_WCAP): key_src,
+    // key_slot (relative to s0); returns their count (block-uniform).
+    auto build = [&](int s0, int s1) -> int {
+        const int span = s1 - s0;
+        const int per = (span + SINK_AT - 1) / SINK_AT;
+        int srcs[SINK_WCAP / SINK_AT];
+        int cnt = 0;
+#pragma unroll
+        for (int j = 0; j < SINK_WCAP / SINK_AT; j++) {
+            const int o = tid * per + j;
+            srcs[j] = (j < per && o < span) ? sink_src(g, r, i, s0 + o) : -1;
+            cnt += srcs[j] >= 0;
         }
-        {
-            const int hh = threadIdx.x / SINK_OUT_KT, k = threadIdx.x % SINK_OUT_KT;
-            const int hd = blockIdx.y * SINK_OUT_HEADS + hh;
-            const int slot = base + k;
-            w_s[hh][k] = (hd < heads && slot < limit)
-                             ? scores[((size_t)local * heads + hd) * slots + slot]
-                             : 0.0f;
+        int incl = cnt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl += y;
+        }
+        __syncthreads();  // the previous list and totals are no longer read
+        if (lane == 31) warp_tot[warp] = incl;
+        __syncthreads();
+        int off = incl - cnt, total = 0;
+#pragma unroll
+        for (int w = 0; w < SINK_AT / 32; w++) {
+            const int t = warp_tot[w];
+            if (w < warp) off += t;
+            total += t;
+        }
+#pragma unroll
+        for (int j = 0; j < SINK_WCAP / SINK_AT; j++) {
+            if (srcs[j] >= 0) {
+                key_src[off] = srcs[j];
+                key_slot[off] = (u16)(tid * per + j);
+                off++;
+            }
         }
         __syncthreads();
-        if (!active) continue;
-        const int n = min(SINK_OUT_KT, limit - base);
-        int k = 0;
-        for (; k + 8 <= n; k += 8) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int src = src_s[k + u];
-                v[u] = src >= 0 ? sink_load(g, src, c) : 0.0f;
+        return total;
+    };
+    // The scores of the segment's keys into w_s (one cp.async group).
+    auto gather = [&](int s0, int n) {
+#pragma unroll 1
+        for (int hh = 0; hh < SINK_AH; hh++) {
+            const int head = h0 + hh;
+            const float* sc = sc_row + (size_t)head * slots + s0;
+            for (int key = tid; key < n; key += SINK_AT) {
+                float* dst = w_s + sink_widx(key, hh);
+                if (head < heads)
+                    sink_cp4(dst, sc + key_slot[key]);
+                else
+                    *dst = 0.0f;
             }
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (src_s[k + u] >= 0) acc = acc + w_s[hl][k + u] * v[u];
         }
-        for (; k < n; k++) {
-            const int src = src_s[k];
-            if (src >= 0) acc = acc + w_s[hl][k] * sink_load(g, src, c);
+        sink_commit();
+    };
+    // Value stage `t` of the segment's `n` keys (one cp.async group, empty
+    // past the last stage).
+    auto issue = [&](int t, int n) {
+        const int ntiles = (n + SINK_VK - 1) / SINK_VK;
+        if (t < ntiles) {
+            const int kb = t * SINK_VK, cnt = min(SINK_VK, n - kb);
+            float* dst = vs + (t % SINK_VS) * SINK_VK * SINK_AC;
+            if (KIND == 0 && (vmode & 1)) {
+                // 16-byte pieces: d % 4 == 0, c0 % 4 == 0, rows 16-byte aligned.
+                for (int p = tid; p < SINK_VK * (SINK_AC / 4); p += SINK_AT) {
+                    const int k = p >> 3, q4 = p & 7;
+                    const int col = c0 + 4 * q4;
+                    if (k < cnt && col < d)
+                        sink_cp16(dst + k * SINK_AC + 4 * q4,
+                                  sink_row_ptr(g, key_src[kb + k]) + (size_t)col * 4);
+                }
+            } else {
+                for (int p = tid; p < SINK_VK * SINK_AC; p += SINK_AT) {
+                    const int k = p >> 5, cc = p & 31;
+                    if (k >= cnt) continue;
+                    const int src = key_src[kb + k];
+                    const u8* row = sink_row_ptr(g, src);
+                    const bool h16 = KIND == 0 ? false : KIND == 1 ? true : sink_is16(g, src);
+                    float* kd = dst + k * SINK_AC;
+                    if (!h16) {
+                        const int col = c0 + cc;
+                        if (col >= 0 && col < d) sink_cp4(kd + cc, row + (size_t)col * 4);
+                    } else if (vmode & 2) {
+                        // Pairs of halves: d even, c0 even, rows 4-byte aligned.
+                        const int col = c0 + 2 * cc;
+                        if (cc < SINK_AC / 2 && col < d)
+                            sink_cp4((u8*)kd + 4 * cc, row + (size_t)col * 2);
+                    } else {
+                        const int col = c0 + cc;
+                        if (col >= 0 && col < d) ((u16*)kd)[cc] = ((const u16*)row)[col];
+                    }
+                }
+            }
+        }
+        sink_commit();
+    };
+    // Column `lane` of key k of a stage, as f32.
+    auto value = [&](const float* vt, int k, int key) -> float {
+        const bool h16 = KIND == 0 ? false : KIND == 1 ? true : sink_is16(g, key_src[key]);
+        return h16 ? h2f(((const u16*)(vt + k * SINK_AC))[lane]) : vt[k * SINK_AC + lane];
+    };
+
+    // Pass 0: the maxima (each warp its two heads).
+    float mA = hA < heads ? sinks[hA] : 0.0f, mB = hB < heads ? sinks[hB] : 0.0f;
+    int n = 0;
+    for (int seg = 0; seg < nseg; seg++) {
+        const int s0 = seg * SINK_WCAP;
+        n = build(s0, min(limit, s0 + SINK_WCAP));
+        gather(s0, n);
+        if (resident) {
+            // The first value stages load while the softmax runs.
+#pragma unroll 1
+            for (int t = 0; t < SINK_VS - 1; t++) issue(t, n);
+            sink_wait<SINK_VS - 1>();
+        } else {
+            sink_wait<0>();
+        }
+        __syncthreads();
+        for (int key = lane; key < n; key += 32) {
+            const float2 x = *(const float2*)(w_s + sink_widx(key, 2 * warp));
+            mA = fmaxf(mA, x.x);
+            mB = fmaxf(mB, x.y);
+        }
+        __syncthreads();  // w_s read before the next segment's gather
+    }
+    mA = warp_max(mA);
+    mB = warp_max(mB);
+    if (lane == 0) {
+        mx_s[2 * warp] = mA;
+        mx_s[2 * warp + 1] = mB;
+    }
+    __syncthreads();
+
+    // Pass 1: the exponentials and the denominators.
+    float den = 0.0f;
+    if (tid < SINK_AH && h0 + tid < heads) den = glibc_expf(sinks[h0 + tid] - mx_s[tid]);
+    for (int seg = 0; seg < nseg; seg++) {
+        if (!resident) {
+            const int s0 = seg * SINK_WCAP;
+            n = build(s0, min(limit, s0 + SINK_WCAP));
+            gather(s0, n);
+            sink_wait<0>();
+            __syncthreads();
+        }
+#pragma unroll 1
+        for (int hh = 0; hh < SINK_AH; hh++) {
+            if (h0 + hh >= heads) break;
+            const float mx = mx_s[hh];
+            for (int key = tid; key < n; key += SINK_AT) {
+                float* p = w_s + sink_widx(key, hh);
+                *p = glibc_expf(*p - mx);
+            }
+        }
+        __syncthreads();
+        if (tid < SINK_AH) {
+            const float* p = w_s + ((tid >> 1) << 2) + (tid & 1);
+            int key = 0;
+#pragma unroll 8
+            for (; key + 2 <= n; key += 2, p += 16) {
+                den = den + p[0];
+                den = den + p[2];
+            }
+            if (key < n) den = den + p[0];
+        }
+        __syncthreads();
+    }
+    if (tid < SINK_AH) den_s[tid] = den;
+    __syncthreads();
+
+    // Pass 2: the weights and the weighted value sums.
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int seg = 0; seg < nseg; seg++) {
+        if (!resident) {
+            const int s0 = seg * SINK_WCAP;
+            n = build(s0, min(limit, s0 + SINK_WCAP));
+            gather(s0, n);
+            sink_wait<0>();
+            __syncthreads();
+        }
+#pragma unroll 1
+        for (int hh = 0; hh < SINK_AH; hh++) {
+            if (h0 + hh >= heads) break;
+            const float mx = mx_s[hh], dn = den_s[hh];
+            for (int key = tid; key < n; key += SINK_AT) {
+                float* p = w_s + sink_widx(key, hh);
+                *p = (resident ? *p : glibc_expf(*p - mx)) / dn;
+            }
+        }
+        if (!resident) {
+#pragma unroll 1
+            for (int t = 0; t < SINK_VS - 1; t++) issue(t, n);
+        }
+        const int ntiles = (n + SINK_VK - 1) / SINK_VK;
+        for (int t = 0; t < ntiles; t++) {
+            issue(t + SINK_VS - 1, n);
+            sink_wait<SINK_VS - 1>();
+            __syncthreads();  // stage t and (the first time) the weights are in
+            const int kb = t * SINK_VK, cnt = min(SINK_VK, n - kb);
+            const float* vt = vs + (t % SINK_VS) * SINK_VK * SINK_AC;
+            const float4* w4 = (const float4*)w_s + (kb >> 1) * 4 + warp;
+            int k = 0;
+#pragma unroll 4
+            for (; k + 2 <= cnt; k += 2) {
+                const float4 w = w4[(k >> 1) * 4];
+                const float v0 = value(vt, k, kb + k);
+                const float v1 = value(vt, k + 1, kb + k + 1);
+                acc0 = acc0 + w.x * v0;
+                acc1 = acc1 + w.y * v0;
+                acc0 = acc0 + w.z * v1;
+                acc1 = acc1 + w.w * v1;
+            }
+            if (k < cnt) {
+                const float2 w = *(const float2*)(w_s + sink_widx(kb + k, 2 * warp));
+                const float v0 = value(vt, k, kb + k);
+                acc0 = acc0 + w.x * v0;
+                acc1 = acc1 + w.y * v0;
+            }
+            __syncthreads();  // stage t consumed before it is refilled
         }
     }
-    if (rope_dims > 0) {
-        const float partner = __shfl_xor_sync(FULL_MASK, acc, 1);
-        const int nope = d - rope_dims;
-        if (active && c >= nope) {
+
+    if (rp.dims > 0) {
+        const float pA = __shfl_xor_sync(FULL_MASK, acc0, 1);
+        const float pB = __shfl_xor_sync(FULL_MASK, acc1, 1);
+        const int nope = d - rp.dims;
+        if (c >= nope && c < d) {
             const int off = c - nope;
             const int pair = off >> 1;
-            if (pair < rope_dims / 2) {
+            if (pair < rp.dims / 2) {
                 float cs, sn;
                 const int pos = (int)(g.qpos + (u32)i);
-                sink_rope_cs(pair, pos, rope_dims, rope_base, yarn, yarn_factor, yarn_orig_ctx,
-                             yarn_beta_fast, yarn_beta_slow, rope_inverse, &cs, &sn);
+                sink_rope_cs(pair, pos, rp.dims, rp.base, rp.yarn, rp.factor, rp.orig_ctx,
+                             rp.beta_fast, rp.beta_slow, rp.inverse, &cs, &sn);
                 if ((off & 1) == 0) {
-                    const float a = acc, b = partner;
-                    acc = a * cs - b * sn;
+                    acc0 = acc0 * cs - pA * sn;
+                    acc1 = acc1 * cs - pB * sn;
                 } else {
-                    const float a = partner, b = acc;
-                    acc = a * sn + b * cs;
+                    acc0 = pA * sn + acc0 * cs;
+                    acc1 = pB * sn + acc1 * cs;
                 }
             }
         }
     }
-    if (active) out[((size_t)i * heads + head) * d + c] = acc;
+    if (c >= 0 && c < d) {
+        if (hA < heads) out[((size_t)i * heads + hA) * d + c] = acc0;
+        if (hB < heads) out[((size_t)i * heads + hB) * d + c] = acc1;
+    }
+}
+
+// Kernel 2: softmax and weighted value sums (sink_attend_body), the output
+// rope included. vmode: 1 f32 rows may go in 16-byte pieces, 2 f16 rows in
+// pairs of halves.
+extern "C" __global__ void __launch_bounds__(SINK_AT)
+    sink_attend(const void* win, const void* rows, const i32* sel, const float* sinks,
+                const float* scores, float* out, const u32* step, u32 qpos, u32 window, u32 ring,
+                u32 ratio, u32 m, int top_k, int heads, int d, int flags, int slots, int row0,
+                int shift, int rope_dims, float rope_base, int yarn, float yarn_factor,
+                u32 yarn_orig_ctx, float yarn_beta_fast, float yarn_beta_slow, int rope_inverse,
+                int vmode) {
+    pdl_sync();
+    __shared__ __align__(16) float w_s[SINK_WCAP * SINK_AH];
+    __shared__ __align__(16) float vs[SINK_VS * SINK_VK * SINK_AC];
+    __shared__ int key_src[SINK_WCAP];
+    __shared__ u16 key_slot[SINK_WCAP];
+    __shared__ int warp_tot[SINK_AT / 32];
+    __shared__ float mx_s[SINK_AH], den_s[SINK_AH];
+    const SinkGeom g = sink_geom(win, rows, sel, step, qpos, window, ring, ratio, m, top_k, d,
+                                 flags);
+    const int local = blockIdx.z, i = row0 + local;
+    SinkRope rp;
+    rp.shift = shift;
+    rp.dims = rope_dims;
+    rp.base = rope_base;
+    rp.yarn = yarn;
+    rp.factor = yarn_factor;
+    rp.orig_ctx = yarn_orig_ctx;
+    rp.beta_fast = yarn_beta_fast;
+    rp.beta_slow = yarn_beta_slow;
+    rp.inverse = rope_inverse;
+    // Rows are never read by a window-only layer: its kind is the window's.
+    const int f = ratio == 0 ? (flags & 1) * 3 : flags;
+    if (f == 0)
+        sink_attend_body<0>(g, sinks, scores, out, heads, slots, local, i, rp, vmode, w_s, vs,
+                            key_src, key_slot, warp_tot, mx_s, den_s);
+    else if (f == 3)
+        sink_attend_body<1>(g, sinks, scores, out, heads, slots, local, i, rp, vmode, w_s, vs,
+                            key_src, key_slot, warp_tot, mx_s, den_s);
+    else
+        sink_attend_body<2>(g, sinks, scores, out, heads, slots, local, i, rp, vmode, w_s, vs,
+                            key_src, key_slot, warp_tot, mx_s, den_s);
 }

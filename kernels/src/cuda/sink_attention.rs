@@ -3,15 +3,21 @@
 //!
 //! The CPU sums each dot product in column order in f32, the softmax
 //! denominator and every output column in key order: none of these chains
-//! splits across threads without changing bits. So the work goes in three
-//! kernels over a scratch of scores `f32 [rows, heads, slots]`:
-//! `sink_scores` (one thread per (key, 4 heads), each dot product one
-//! sequential chain, keys and queries staged in shared memory and shared by
-//! the 16 heads of a block: K = V is one head), `sink_softmax` (one warp per
-//! (query, head): max, glibc `expf`, the denominator in key order, the
-//! weights) and `sink_output` (one thread per (head, column), summing over
-//! the keys in order; the output rope in the same kernel). Queries go in
-//! chunks of rows so the scratch stays under [`SCRATCH_BUDGET`].
+//! splits across threads without changing bits. So parallelism comes from
+//! (head, key) pairs for the scores and (head, column) pairs for the
+//! output, in two kernels over a scratch of scores `f32 [rows, heads,
+//! slots]`: `sink_scores` (one thread per (key, 4 heads), each dot product
+//! one sequential chain; keys and queries staged 128 columns at a time in
+//! shared memory, shared by the 16 heads of a block since K = V is one
+//! head, the next chunk loading into registers while one is summed) and
+//! `sink_attend` (a block per (8 heads, 32 columns): the softmax of its
+//! heads over scores gathered into shared memory, lane h of one warp
+//! summing head h's denominator in key order, then one thread per (2
+//! heads, column) summing over the keys in order, value rows streamed
+//! through shared memory with asynchronous copies; the output rope in the
+//! same kernel). Every attend block redoes its heads' softmax (16 blocks
+//! share 8 heads at head_dim 512): cheaper than a third launch. Queries go
+//! in chunks of rows so the scratch stays under [`SCRATCH_BUDGET`].
 //!
 //! The output rope computes the frequencies (`TailRopeParams::inv_freq`,
 //! f64 `powf`/`ln`) and the angles' f64 `sin_cos` with CUDA's functions
@@ -32,7 +38,7 @@ use cudarc::driver::CudaStream;
 use weft_ops::dsv4::SinkAttentionParams;
 use weft_ops::{DType, Op, OpError, OpNode, Tensor};
 
-pub(super) const KERNELS: &[&str] = &["sink_scores", "sink_softmax", "sink_output"];
+pub(super) const KERNELS: &[&str] = &["sink_scores", "sink_attend"];
 
 const OP: &str = "sink_attention";
 
@@ -40,13 +46,13 @@ const OP: &str = "sink_attention";
 /// one row may need more).
 const SCRATCH_BUDGET: usize = 8 << 20;
 
-/// Slots per scores block, heads per scores block, heads per softmax
-/// block, heads and columns per output block (as in sink_attention.cu).
+/// Slots and heads per scores block, threads per block of either kernel,
+/// heads and columns per attend block (as in sink_attention.cu).
 const SCORE_SLOTS: usize = 32;
 const SCORE_HEADS: usize = 16;
-const SOFTMAX_HEADS: usize = 8;
-const OUT_HEADS: usize = 4;
-const OUT_COLS: usize = 64;
+const THREADS: u32 = 128;
+const ATTEND_HEADS: usize = 8;
+const ATTEND_COLS: usize = 32;
 
 fn params(node: &OpNode) -> Result<&SinkAttentionParams, OpError> {
     match &node.op {
@@ -119,7 +125,7 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
         || !small(p.head_dim)
         || !small(p.top_k)
         || !small(p.ring as usize + rows.rows())
-        || p.heads.div_ceil(OUT_HEADS) > 65_535
+        || p.heads.div_ceil(ATTEND_HEADS) > 65_535
     {
         return Err(unsupported(
             OP,
@@ -210,12 +216,24 @@ pub(super) unsafe fn launch(
     let yarn = rope.and_then(|r| r.yarn);
     // Column chunks start `shift` columns early so rotated pairs never straddle two.
     let shift = (rope_dims > 0 && (p.head_dim - rope_dims) % 2 == 1) as usize;
-    let col_chunks = (p.head_dim + shift).div_ceil(OUT_COLS) as u32;
-    let (scores_fn, softmax_fn, output_fn) = (
-        k.fns.get(OP, "sink_scores")?,
-        k.fns.get(OP, "sink_softmax")?,
-        k.fns.get(OP, "sink_output")?,
-    );
+    let col_chunks = (p.head_dim + shift).div_ceil(ATTEND_COLS) as u32;
+    // Wide copies: every row (and chunk) starts on their size.
+    let d = p.head_dim;
+    let aligned = |t: &DeviceTensor, f32_bytes: u64, f16_bytes: u64| {
+        t.ptr.is_multiple_of(match t.tensor.dtype {
+            DType::F16 => f16_bytes,
+            _ => f32_bytes,
+        })
+    };
+    let vec = d.is_multiple_of(4)
+        && q.ptr.is_multiple_of(16)
+        && aligned(win, 16, 8)
+        && aligned(rows, 16, 8);
+    let vmode = (shift == 0 && d.is_multiple_of(4) && aligned(win, 16, 1) && aligned(rows, 16, 1))
+        as i32
+        | ((shift == 0 && d.is_multiple_of(2) && aligned(win, 1, 4) && aligned(rows, 1, 4)) as i32)
+            << 1;
+    let (scores_fn, attend_fn) = (k.fns.get(OP, "sink_scores")?, k.fns.get(OP, "sink_attend")?);
     let mut row0 = 0;
     while row0 < n {
         let count = chunk.min(n - row0) as u32;
@@ -228,7 +246,11 @@ pub(super) unsafe fn launch(
             Arg::Ptr(step),
         ];
         args.extend(geometry);
-        args.extend([Arg::I32(row0 as i32), Arg::F32(p.scale)]);
+        args.extend([
+            Arg::I32(row0 as i32),
+            Arg::F32(p.scale),
+            Arg::I32(vec as i32),
+        ]);
         enqueue(
             s,
             scores_fn,
@@ -237,7 +259,7 @@ pub(super) unsafe fn launch(
                 p.heads.div_ceil(SCORE_HEADS) as u32,
                 count,
             ),
-            128,
+            THREADS,
             0,
             &args,
             OP,
@@ -247,24 +269,6 @@ pub(super) unsafe fn launch(
             Arg::Ptr(rows.ptr),
             Arg::Ptr(sel),
             Arg::Ptr(sinks.ptr),
-            Arg::Ptr(scratch),
-            Arg::Ptr(step),
-        ];
-        args.extend(geometry);
-        args.push(Arg::I32(row0 as i32));
-        enqueue(
-            s,
-            softmax_fn,
-            (p.heads.div_ceil(SOFTMAX_HEADS) as u32, count, 1),
-            256,
-            0,
-            &args,
-            OP,
-        )?;
-        let mut args = vec![
-            Arg::Ptr(win.ptr),
-            Arg::Ptr(rows.ptr),
-            Arg::Ptr(sel),
             Arg::Ptr(scratch),
             Arg::Ptr(out.ptr),
             Arg::Ptr(step),
@@ -281,12 +285,13 @@ pub(super) unsafe fn launch(
             Arg::F32(yarn.map_or(0.0, |y| y.beta_fast)),
             Arg::F32(yarn.map_or(0.0, |y| y.beta_slow)),
             Arg::I32(rope.is_some_and(|r| r.inverse) as i32),
+            Arg::I32(vmode),
         ]);
         enqueue(
             s,
-            output_fn,
-            (col_chunks, p.heads.div_ceil(OUT_HEADS) as u32, count),
-            (OUT_HEADS * OUT_COLS) as u32,
+            attend_fn,
+            (col_chunks, p.heads.div_ceil(ATTEND_HEADS) as u32, count),
+            THREADS,
             0,
             &args,
             OP,

@@ -463,3 +463,73 @@ fn sink_attention_q_position_from_step() {
         compare(&format!("step {c:?}"), &p, &got[0], &want[0]);
     }
 }
+
+#[test]
+fn sink_attention_more_keys_than_one_segment() {
+    // More valid keys than the attend kernel keeps in shared memory (640):
+    // the softmax and the sums walk the keys in segments. Every visible row
+    // (ratio 4 far into the context), a wide selection, f16 caches, and
+    // real sizes in a ratio-128 layer at a long context.
+    let mut cases = Vec::new();
+    for kv in [DType::F32, DType::F16] {
+        cases.push(Case {
+            ratio: 4,
+            m: 800,
+            kv,
+            rope_dims: 8,
+            ..Case::small(3, 3000)
+        });
+        let mut c = Case {
+            ratio: 4,
+            top_k: 700,
+            kv,
+            ..Case::small(2, 4000)
+        };
+        c.m = c.visible() + 3;
+        cases.push(c);
+    }
+    cases.push(Case {
+        n: 1,
+        heads: 64,
+        d: 512,
+        q_position: 100_000,
+        window: 128,
+        ring: 128,
+        ratio: 128,
+        top_k: 0,
+        m: 800,
+        kv: DType::F32,
+        rows_kv: None,
+        rope_dims: 64,
+        yarn: true,
+    });
+    check(308, &cases);
+}
+
+#[test]
+fn sink_attention_f16_odd_columns() {
+    // f16 caches whose rows do not start on 4 bytes (odd head_dim), rotated
+    // pairs at odd offsets over f16 values, and f16 beside f32 at an odd
+    // head_dim: the value rows come in one half at a time.
+    let mut cases = Vec::new();
+    for (d, rope, kv, rows_kv) in [
+        (37, 0, DType::F16, None),
+        (41, 8, DType::F16, None),
+        (38, 8, DType::F16, None),
+        (41, 8, DType::F16, Some(DType::F32)),
+        (39, 6, DType::F32, Some(DType::F16)),
+    ] {
+        cases.push(Case {
+            heads: 5,
+            d,
+            ratio: 4,
+            top_k: 8,
+            m: 30,
+            kv,
+            rows_kv,
+            rope_dims: rope,
+            ..Case::small(11, 90)
+        });
+    }
+    check(309, &cases);
+}
