@@ -190,8 +190,8 @@ impl Model {
     }
 
     /// [`Model::record`] over token ids already on the device (`ids`: i32,
-    /// one per token of the span, inside the vocabulary). DeepSeek-V4 takes
-    /// its ids from the host only.
+    /// one per token of the span, inside the vocabulary). DeepSeek-V4
+    /// takes one token per step this way (decoding).
     pub fn record_ids(
         &self,
         session: &mut GraphSession<'_>,
@@ -203,17 +203,22 @@ impl Model {
         match &self.family {
             Family::Llama(m) => m.record_ids(session, cache, span, ids, rows),
             Family::Gemma3(m) => m.record_ids(session, cache, span, ids, rows),
-            Family::DeepSeek4(_) => Err(ModelError::Unsupported(
-                "deepseek4 steps take their token ids from the host (no device-fed greedy decoding)"
-                    .into(),
-            )),
+            Family::DeepSeek4(m) => {
+                if span.tokens != 1 {
+                    return Err(ModelError::Unsupported(format!(
+                        "deepseek4 takes device-fed token ids one per step, not {}",
+                        span.tokens
+                    )));
+                }
+                m.record_ids(session, cache, span.start, ids, rows)
+            }
         }
     }
 
     /// Whether steps can take their token ids from the device
     /// ([`Model::record_ids`], [`Model::decode_greedy`]).
     pub fn feeds_ids_on_device(&self) -> bool {
-        !matches!(self.family, Family::DeepSeek4(_))
+        true
     }
 
     /// Rows of the token embedding (ids at or past it cannot be embedded).

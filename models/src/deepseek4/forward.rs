@@ -24,8 +24,8 @@ use weft_runtime::{GraphSession, PoolScope};
 pub(super) struct StepRows<'a> {
     /// Position of the first row of each lane.
     pub start: u32,
-    /// Token ids, one per row.
-    pub tokens: &'a [u32],
+    /// Rows of the step (tokens).
+    pub rows: usize,
     /// The lanes; one lane owns every row, or lane `b` owns row `b`.
     pub lanes: &'a [&'a KvCache],
     /// `i32 [R]` positions of the rows.
@@ -38,7 +38,7 @@ impl StepRows<'_> {
     /// The rows lane `b` owns.
     pub fn lane_rows(&self, b: usize) -> Range<usize> {
         if self.lanes.len() == 1 {
-            0..self.tokens.len()
+            0..self.rows
         } else {
             b..b + 1
         }
@@ -83,27 +83,85 @@ impl DeepSeek4 {
         }
         s.set_layer(None);
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let repeated: Vec<i32> = ids
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t, c.hc))
+            .collect();
+        let ids = s.upload_i32(&ids, "token_ids")?;
+        let rep = s.upload_i32(&repeated, "token_ids.streams")?;
+        // The streams: every stream starts as the token's embedding.
+        let x = s.get_rows(self.weights.token_embd, rep, "token_embd")?;
+        let x = x.reshape(&[n, c.hc * c.hidden])?;
+        self.record_rows(s, lanes, start, ids, x, logits)
+    }
+
+    /// Records one decode step of one lane whose token id is already on the
+    /// device (`ids`: i32 `[1]`, inside the vocabulary, as an argmax of the
+    /// logits leaves it): the greedy decoding one step ahead
+    /// (`Model::decode_greedy`).
+    pub fn record_ids(
+        &self,
+        s: &mut GraphSession<'_>,
+        lane: &KvCache,
+        start: u32,
+        ids: Tensor,
+        logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        if ids.shape.elements() != 1 || ids.dtype != weft_ops::DType::I32 {
+            return Err(ModelError::Input(format!(
+                "deepseek4: device-fed steps take one i32 token id, not {} {:?}",
+                ids.dtype, ids.shape
+            )));
+        }
+        s.set_layer(None);
+        let ids = ids.reshape(&[1])?;
+        // One embedding row copied into each stream (a stream of one row is
+        // a contiguous slice of it).
+        let x = weft_ops::Recorder::alloc(s, weft_ops::DType::F32, &[1, c.hc * c.hidden])?;
+        for j in 0..c.hc {
+            let stream = Tensor::new(
+                x.buffer,
+                x.offset + (j * c.hidden * 4) as u64,
+                weft_ops::DType::F32,
+                weft_ops::Shape::new(&[1, c.hidden]),
+            )?;
+            s.push(
+                Op::GetRows,
+                vec![self.weights.token_embd, ids],
+                vec![stream],
+                format!("token_embd.stream{j}"),
+            )?;
+        }
+        self.record_rows(s, &[lane], start, ids, x, logits)
+    }
+
+    /// The blocks and the head over the streams `x` `[R, hc * d]` (each
+    /// stream holding its row's embedding), with `ids` the rows' token ids.
+    fn record_rows(
+        &self,
+        s: &mut GraphSession<'_>,
+        lanes: &[&KvCache],
+        start: u32,
+        ids: Tensor,
+        x: Tensor,
+        logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        let n = x.rows();
         let positions: Vec<i32> = if lanes.len() == 1 {
             (0..n as i32).map(|i| start as i32 + i).collect()
         } else {
             vec![start as i32; n]
         };
-        let repeated: Vec<i32> = ids
-            .iter()
-            .flat_map(|&t| std::iter::repeat_n(t, c.hc))
-            .collect();
         let step = StepRows {
             start,
-            tokens,
+            rows: n,
             lanes,
             positions: s.upload_i32(&positions, "positions")?,
-            ids: s.upload_i32(&ids, "token_ids")?,
+            ids,
         };
-        let rep = s.upload_i32(&repeated, "token_ids.streams")?;
-        // The streams: every stream starts as the token's embedding. They
-        // ping-pong between two tensors outside the per-layer pool scopes.
-        let x = s.get_rows(self.weights.token_embd, rep, "token_embd")?;
-        let x = x.reshape(&[n, c.hc * c.hidden])?;
+        // The streams ping-pong between `x` and `y`, outside the per-layer
+        // pool scopes.
         let y = weft_ops::Recorder::alloc(s, x.dtype, x.shape.dims())?;
         let kind = if n == 1 {
             PoolScope::DecodeToken
