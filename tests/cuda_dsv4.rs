@@ -118,37 +118,6 @@ fn greedy_decoding_one_step_ahead_on_cuda_matches_every_fixture() {
         return;
     }
     for f in Fixture::all() {
-        let config = ExecutorConfig {
-            threads: 2,
-            check_schedules: true,
-            ..ExecutorConfig::default()
-        };
-        let mut exec = GraphExecutor::with_config(Device::Cuda(0), config).expect("executor");
-        let model = weft::models::Model::load(&f.gguf(), &mut exec).expect("model");
-        let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
-        let logits = model
-            .prefill(
-                &mut exec,
-                &mut cache,
-                &f.prompt,
-                &ChunkPolicy::single(512),
-                LogitRows::Last,
-            )
-            .expect("prefill");
-        let want = f.greedy_tokens();
-        assert_eq!(argmax(&logits), want[0], "{}: first token", f.name());
-        let mut got = Vec::new();
-        model
-            .decode_greedy(&mut exec, &mut cache, want[0], want.len() - 1, &mut |t| {
-                got.push(t);
-                true
-            })
-            .expect("decode_greedy");
-        assert_eq!(
-            got,
-            want[1..],
-            "{}: greedy one step ahead on CUDA",
-            f.name()
-        );
+        dsv4_common::check_greedy_one_step_ahead(&f, Device::Cuda(0));
     }
 }

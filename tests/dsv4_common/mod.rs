@@ -134,3 +134,51 @@ pub fn max_abs_diff<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) 
         .map(|(x, y)| ((*x).into() - (*y).into()).abs())
         .fold(0.0, f64::max)
 }
+
+/// Prefills fixture `f` on `device` (schedule checking on), then decodes
+/// greedily one step ahead (`Model::decode_greedy`) and asserts the
+/// reference's continuation and that every step was published.
+pub fn check_greedy_one_step_ahead(f: &Fixture, device: weft::runtime::Device) {
+    use weft::models::LogitRows;
+    use weft::runtime::cache::ChunkPolicy;
+    use weft::runtime::{ExecutorConfig, GraphExecutor};
+    let config = ExecutorConfig {
+        threads: 2,
+        check_schedules: true,
+        ..ExecutorConfig::default()
+    };
+    let mut exec = GraphExecutor::with_config(device, config).expect("executor");
+    let model = weft::models::Model::load(&f.gguf(), &mut exec).expect("model");
+    let mut cache = model.new_cache(&mut exec, 512, 512).expect("cache");
+    let logits = model
+        .prefill(
+            &mut exec,
+            &mut cache,
+            &f.prompt,
+            &ChunkPolicy::single(512),
+            LogitRows::Last,
+        )
+        .expect("prefill");
+    let want = f.greedy_tokens();
+    assert_eq!(argmax(&logits), want[0], "{}: first token", f.name());
+    let mut got = Vec::new();
+    let produced = model
+        .decode_greedy(&mut exec, &mut cache, want[0], want.len() - 1, &mut |t| {
+            got.push(t);
+            true
+        })
+        .expect("decode_greedy");
+    assert_eq!(produced, want.len() - 1);
+    assert_eq!(
+        got,
+        want[1..],
+        "{} on {device}: greedy one step ahead",
+        f.name()
+    );
+    assert_eq!(
+        cache.position() as usize,
+        f.prompt.len() + want.len() - 1,
+        "{}: every step published",
+        f.name()
+    );
+}
