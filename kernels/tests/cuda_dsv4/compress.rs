@@ -220,7 +220,7 @@ fn compress_matches_cpu() {
         CompressCase::new(4, 512, 1024, 0, 200),
         // Small odd sizes, wrapping rings, no YaRN.
         small(4, 37, 8, 9, 3, 5),
-        small(4, 37, 8, 7, 11, 3),
+        small(4, 37, 8, 8, 11, 3), // the smallest ring that holds a CSA window
         small(128, 72, 16, 300, 2, 3),
         small(16, 33, 2, 40, 6, 9),
         small(1, 45, 12, 1, 5, 4),
