@@ -123,12 +123,12 @@ pub(super) unsafe fn launch(
     step: u64,
 ) -> Result<(), OpError> {
     match family(&node.op) {
-        Some(Family::TailRope) => tail_rope::launch(k, s, node, ins, outs, scratch, step),
-        Some(Family::Hyper) => hyper::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::TailRope) => tail_rope::launch(k, s, node, ins, outs),
+        Some(Family::Hyper) => hyper::launch(k, s, node, ins, outs),
         Some(Family::Compress) => compress::launch(k, s, node, ins, outs, scratch, step),
         Some(Family::SinkAttention) => sink_attention::launch(k, s, node, ins, outs, scratch, step),
-        Some(Family::Moe) => moe::launch(k, s, node, ins, outs, scratch, step),
-        Some(Family::MatMulId) => matmul_id::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::Moe) => moe::launch(k, s, node, ins, outs),
+        Some(Family::MatMulId) => matmul_id::launch(k, s, node, ins, outs),
         None => Err(super::launch::unsupported(
             node.op.name(),
             "the DeepSeek-V4 dispatch".into(),

@@ -97,8 +97,6 @@ pub(super) unsafe fn launch(
     node: &OpNode,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
-    _scratch: u64,
-    _step: u64,
 ) -> Result<(), OpError> {
     let op = node.op.name();
     supports(node)?;
@@ -178,11 +176,10 @@ unsafe fn mix(
     )
 }
 
-/// Whether `k`'s device has thread block clusters (sm_90 and later).
+/// Whether `k`'s device has thread block clusters (sm_90 and later; the
+/// capability read when the kernels were loaded).
 fn has_clusters(k: &CudaKernels) -> bool {
-    k.ctx
-        .compute_capability()
-        .is_ok_and(|(major, _)| major >= 9)
+    k.fns.major >= 9
 }
 
 unsafe fn collapse(

@@ -250,8 +250,6 @@ pub(super) unsafe fn launch(
     node: &OpNode,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
-    _scratch: u64,
-    _step: u64,
 ) -> Result<(), OpError> {
     check_arity(OP, ins, outs, 3)?;
     let p = plan(node)?;

@@ -125,6 +125,8 @@ fn describe(e: cudarc::nvrtc::CompileError) -> String {
 /// Every kernel of the program, by name.
 pub(crate) struct Functions {
     map: HashMap<&'static str, CudaFunction>,
+    /// The device's compute capability (major version), read once at load.
+    pub(crate) major: i32,
 }
 
 impl Functions {
@@ -148,7 +150,7 @@ impl Functions {
                 .map_err(|e| driver_error("cuda", &format!("loading kernel `{name}`"), e))?;
             map.insert(name, f);
         }
-        Ok(Functions { map })
+        Ok(Functions { map, major })
     }
 
     /// The kernel `name` (a name listed at load time).

@@ -249,8 +249,6 @@ pub(super) unsafe fn launch(
     node: &OpNode,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
-    _scratch: u64,
-    _step: u64,
 ) -> Result<(), OpError> {
     let op = node.op.name();
     let in_tensors: Vec<&Tensor> = ins.iter().map(|t| &t.tensor).collect();

@@ -89,8 +89,6 @@ pub(super) unsafe fn launch(
     node: &OpNode,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
-    _scratch: u64,
-    _step: u64,
 ) -> Result<(), OpError> {
     let op = node.op.name();
     let p = params(node)?;

@@ -506,15 +506,16 @@ pub fn write_random_tiled(
         if data.contains_key(&k) {
             continue;
         }
-        let rows: u64 = dims[1..].iter().product();
-        let tile = rows.min(tile_rows.max(1) as u64);
-        let mut tile_dims = vec![dims[0], tile];
-        if tile == rows {
-            tile_dims = dims.clone();
-        }
+        let rows = dims[1..].iter().product::<u64>() as usize;
+        let tile = rows.min(tile_rows.max(1));
+        let tile_dims = if tile == rows {
+            dims.clone()
+        } else {
+            vec![dims[0], tile as u64]
+        };
         let proto = random_named(&mut rng, name, &tile_dims, *dtype, c.experts)?;
-        let full = proto.len() / tile as usize * rows as usize;
-        let bytes: Vec<u8> = proto.iter().copied().cycle().take(full).collect();
+        let mut bytes = proto.repeat(rows.div_ceil(tile));
+        bytes.truncate(proto.len() / tile * rows);
         data.insert(k, bytes);
     }
     let mut w = GgufWriter::new();
