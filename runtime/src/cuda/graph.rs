@@ -1,7 +1,7 @@
 //! Command buffers on the device: structure signatures, capture into CUDA
 //! graphs with one branch per stream inside a level, and replay.
 
-use super::{driver, CudaBackend, DeviceBuffer, BRANCH_STREAMS};
+use super::{driver, CudaBackend, DeviceBuffer};
 use crate::memory::Storage;
 use crate::trace::DeviceSpan;
 use crate::RuntimeError;
@@ -223,7 +223,7 @@ impl CudaBackend {
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
             Ok((launch, graph, slot)) => {
-                let timing = slot.map(|slot| (timed_nodes(&cb), slot));
+                let timing = slot.map(|slot| (timed_nodes(&cb, self.streams), slot));
                 let work = self.work(launch, graph, timing, cb.keep_alive);
                 (work, self.has_graph(key).then_some(key))
             }
@@ -542,7 +542,7 @@ impl CudaBackend {
             mark(&clock.origin, &self.main, capturing)?;
         }
         for level in &cb.levels {
-            let width = level.len().min(BRANCH_STREAMS);
+            let width = level.len().min(self.streams);
             if width > 1 {
                 let fork = self.main.record_event(None).map_err(driver)?;
                 for s in &self.branches[..width - 1] {
@@ -643,10 +643,10 @@ fn mark(event: &CudaEvent, stream: &CudaStream, capturing: bool) -> Result<(), R
 
 /// Each node as a trace shows it: its level and the stream
 /// `launch_levels` gives it (times filled in once it ran).
-fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceSpan> {
+fn timed_nodes(cb: &CudaCommandBuffer, streams: usize) -> Vec<DeviceSpan> {
     let mut out = Vec::with_capacity(cb.nodes.len());
     for (level, range) in cb.levels.iter().enumerate() {
-        let width = range.len().min(BRANCH_STREAMS);
+        let width = range.len().min(streams);
         for (k, i) in range.clone().enumerate() {
             let n = &cb.nodes[i];
             out.push(DeviceSpan {

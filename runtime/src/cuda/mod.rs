@@ -8,7 +8,9 @@
 //! replayed while the structure is unchanged: values that change from token
 //! to token (positions, cache rows, uploaded token ids) are written into
 //! device memory or pinned staging that the graph reads, so a new decode
-//! token needs no new graph. Where capture is impossible (or switched off
+//! token needs no new graph. `WEFT_CUDA_STREAMS` (1-4, default 4) caps the
+//! streams a level is spread over (1: every node on one stream, in order).
+//! Where capture is impossible (or switched off
 //! with `WEFT_CUDA_GRAPHS=0`) the same launches run eagerly, and the
 //! counters say so.
 
@@ -62,6 +64,8 @@ pub(crate) struct CudaBackend {
     /// Signatures seen once (captured when they come again).
     pub seen: Mutex<std::collections::HashSet<u64>>,
     pub use_graphs: bool,
+    /// Streams a level's nodes are spread over (at most [`BRANCH_STREAMS`]).
+    pub streams: usize,
     pub stats: GraphStats,
     /// Device time zero of node timings and the host instant it maps to.
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
@@ -72,7 +76,7 @@ pub(crate) struct CudaBackend {
     pub busy_ns: Arc<AtomicU64>,
 }
 
-/// Streams a level's nodes are spread over.
+/// Streams a level's nodes can be spread over.
 const BRANCH_STREAMS: usize = 4;
 
 impl CudaBackend {
@@ -99,8 +103,25 @@ impl CudaBackend {
                     .into(),
             )),
         };
+        let streams = match std::env::var("WEFT_CUDA_STREAMS") {
+            Err(std::env::VarError::NotPresent) => BRANCH_STREAMS,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=BRANCH_STREAMS).contains(&n) => n,
+                _ => {
+                    return Err(RuntimeError::Usage(format!(
+                        "WEFT_CUDA_STREAMS must be a number of streams from 1 to {BRANCH_STREAMS}, got {v:?}"
+                    )))
+                }
+            },
+            Err(e) => {
+                return Err(RuntimeError::Usage(format!(
+                    "WEFT_CUDA_STREAMS is not readable: {e}"
+                )))
+            }
+        };
         Ok(CudaBackend {
             ctx,
+            streams,
             main,
             branches,
             kernels,
