@@ -223,4 +223,52 @@ mod tests {
         // A recording of another structure does not take the merges.
         assert_eq!(replay(payloads[1..].to_vec(), &rounds), None);
     }
+
+    /// A projection whose product only joins the residual (in place) folds
+    /// into the add + norm + quantize after it: four nodes become one, and
+    /// not when the product is read again later.
+    #[test]
+    fn projection_folds_into_the_residual_norm() {
+        let (a, wt, x, g) = (
+            t(0, DType::Q8_0, &[1, 64]),
+            t(1, DType::Q8_0, &[64, 64]),
+            t(2, DType::F32, &[1, 64]),
+            t(3, DType::F32, &[64]),
+        );
+        let (d, h, q, y) = (
+            t(4, DType::F32, &[1, 64]),
+            t(5, DType::F32, &[1, 64]),
+            t(6, DType::Q8_0, &[1, 64]),
+            t(7, DType::F32, &[1, 64]),
+        );
+        let mut payloads = vec![
+            OpNode::new(Op::MatMul, vec![a, wt], vec![d]),
+            OpNode::new(Op::Add, vec![x, d], vec![x]),
+            OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x, g], vec![h]),
+            OpNode::new(Op::QuantizeRows, vec![h], vec![q]),
+        ];
+        let run = |payloads: &[OpNode], dead: &HashSet<BufferId>| {
+            let mut nodes: Vec<Node> = payloads
+                .iter()
+                .map(|p| {
+                    let (reads, writes) = p.ranges();
+                    Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
+                })
+                .collect();
+            let mut fused = payloads.to_vec();
+            let rounds = fuse(&mut nodes, &mut fused, dead, &|_| true, true, false);
+            (fused, rounds)
+        };
+        let dead: HashSet<BufferId> = [BufferId(4), BufferId(5)].into();
+        let (fused, rounds) = run(&payloads, &dead);
+        assert_eq!(fused.len(), 1, "{fused:?}");
+        assert!(matches!(fused[0].op, Op::MatMulAddRmsNormQuantize { .. }));
+        assert_eq!(fused[0].inputs, vec![a, wt, x, g]);
+        assert_eq!(fused[0].outputs, vec![x, q]);
+        assert_eq!(replay(payloads.clone(), &rounds), Some(fused));
+        // The product read again: the matmul stays apart.
+        payloads.push(OpNode::new(Op::Add, vec![y, d], vec![y]));
+        let (fused, _) = run(&payloads, &dead);
+        assert!(matches!(fused[0].op, Op::MatMul), "{fused:?}");
+    }
 }

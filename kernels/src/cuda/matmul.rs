@@ -66,6 +66,32 @@ pub(super) const SILU_KERNELS: &[&str] = &[
     "mm_gate_up_silu_q8_0_q8_1",
 ];
 
+/// Decode projections joining the residual stream before the next norm
+/// (`matmul_add_norm_body` in fused.cu), per weight format and the norm's
+/// output format.
+pub(super) const ADD_NORM_KERNELS: &[&str] = &[
+    "mm_add_norm_q4_0_q8_0",
+    "mm_add_norm_q4_0_q8_1",
+    "mm_add_norm_q4_0_q8_k",
+    "mm_add_norm_q4_0_f16",
+    "mm_add_norm_q4_0_bf16",
+    "mm_add_norm_q4_1_q8_0",
+    "mm_add_norm_q4_1_q8_1",
+    "mm_add_norm_q4_1_q8_k",
+    "mm_add_norm_q4_1_f16",
+    "mm_add_norm_q4_1_bf16",
+    "mm_add_norm_q5_0_q8_0",
+    "mm_add_norm_q5_0_q8_1",
+    "mm_add_norm_q5_0_q8_k",
+    "mm_add_norm_q5_0_f16",
+    "mm_add_norm_q5_0_bf16",
+    "mm_add_norm_q8_0_q8_0",
+    "mm_add_norm_q8_0_q8_1",
+    "mm_add_norm_q8_0_q8_k",
+    "mm_add_norm_q8_0_f16",
+    "mm_add_norm_q8_0_bf16",
+];
+
 pub(super) const KERNELS: &[&str] = &[
     "mm_q4_0_t1",
     "mm_q4_0_t1_long",
@@ -287,6 +313,128 @@ pub(super) unsafe fn launch_silu(
             Arg::Ptr(out.ptr),
             Arg::I32(m as i32),
             Arg::I32((k / 32) as i32),
+        ],
+        OP,
+    )
+}
+
+/// A decode projection fused with the residual add and the next norm
+/// (`matmul+add+rms_norm+quantize`): one token of quantized activations, a
+/// 32-element weight format, an f32 residual row as long as the product,
+/// and an activation format the norm's kernels write.
+pub(super) fn supports_add_norm(node: &OpNode) -> Result<(), OpError> {
+    const OP: &str = "matmul_add_rms_norm_quantize";
+    let (x, w, r, g, out) = (
+        &node.inputs[0],
+        &node.inputs[1],
+        &node.inputs[2],
+        &node.inputs[3],
+        &node.outputs[1],
+    );
+    decode_operands(OP, x, w)?;
+    if r.dtype != DType::F32 || g.dtype != DType::F32 || r.rows() != 1 || r.cols() != w.rows() {
+        return Err(unsupported(
+            OP,
+            format!(
+                "a {} residual of {} x {} and {} norm weights for a product of {}",
+                r.dtype,
+                r.rows(),
+                r.cols(),
+                g.dtype,
+                w.rows()
+            ),
+        ));
+    }
+    if node.outputs[0] != *r {
+        return Err(unsupported(OP, "a residual not updated in place".into()));
+    }
+    super::fused::supports_quantized(OP, out)
+}
+
+/// The product row, then the ticket counter (`matmul_add_norm_body`).
+fn add_norm_ticket_offset(m: usize) -> usize {
+    (4 * m).next_multiple_of(256)
+}
+
+pub(super) fn add_norm_scratch_bytes(node: &OpNode) -> usize {
+    add_norm_ticket_offset(node.inputs[1].rows()) + 4
+}
+
+/// Launches a fused decode projection + residual add + norm
+/// (`supports_add_norm`). `scratch` must be zero the first time (the
+/// kernel leaves its ticket counter at zero again).
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch_add_norm(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    node: &OpNode,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    scratch: u64,
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "matmul_add_rms_norm_quantize";
+    check_arity(OP, ins, outs, 4)?;
+    if outs.len() < 2 {
+        return Err(bad_call(
+            OP,
+            "expected two outputs (the residual and the quantized rows)".into(),
+        ));
+    }
+    let (x, w, r, g, sum, out) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0], &outs[1]);
+    let (k, m) = (w.tensor.cols(), w.tensor.rows());
+    check_aligned(OP, w, natural_alignment(w.tensor.dtype))?;
+    check_aligned(OP, x, natural_alignment(x.tensor.dtype))?;
+    for t in [r, g, sum] {
+        check_aligned(OP, t, 4)?;
+    }
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    if sum.ptr != r.ptr {
+        return Err(bad_call(OP, "the residual is updated in place".into()));
+    }
+    if scratch == 0 || !scratch.is_multiple_of(256) {
+        return Err(bad_call(
+            OP,
+            format!(
+                "needs {} bytes of zeroed, 256-byte aligned scratch (scratch_bytes)",
+                add_norm_scratch_bytes(node)
+            ),
+        ));
+    }
+    let fmt = block32_name(OP, w.tensor.dtype)?;
+    let act = match out.tensor.dtype {
+        DType::Q8_0 => "q8_0",
+        DType::Q8_1 => "q8_1",
+        DType::Q8_K => "q8_k",
+        DType::F16 => "f16",
+        _ => "bf16",
+    };
+    let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
+    let (stage_bytes, staged) = super::launch::row_stage(m);
+    let shared = act_row.max(stage_bytes as usize);
+    check_act_row(OP, kernels.large_shared_limit, shared, k)?;
+    let rows = MV_ROWS_PER_BLOCK;
+    enqueue(
+        stream,
+        kernels.fns.get(OP, &format!("mm_add_norm_{fmt}_{act}"))?,
+        (m.div_ceil(rows) as u32, 1, 1),
+        8 * rows as u32,
+        shared as u32,
+        &[
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(r.ptr),
+            Arg::Ptr(g.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::Ptr(scratch),
+            Arg::Ptr(scratch + add_norm_ticket_offset(m) as u64),
+            Arg::I32(m as i32),
+            Arg::I32((k / 32) as i32),
+            Arg::F32(eps),
+            Arg::I32(staged),
+            Arg::I32(super::launch::f64_sum_method(OP)?),
         ],
         OP,
     )
