@@ -414,11 +414,21 @@ pub(super) unsafe fn launch_add_norm(
     let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
     let (stage_bytes, staged) = super::launch::row_stage(m);
     let shared = act_row.max(stage_bytes as usize);
-    check_act_row(OP, kernels.large_shared_limit, shared, k)?;
+    let f = kernels.fns.get(OP, &format!("mm_add_norm_{fmt}_{act}"))?;
+    // The norm's static scratch shares the block's shared memory.
+    let fixed = f
+        .shared_size_bytes()
+        .map_err(|e| super::launch::driver_error(OP, "reading static shared memory", e))?;
+    check_act_row(
+        OP,
+        kernels.large_shared_limit - fixed as usize,
+        shared,
+        k,
+    )?;
     let rows = MV_ROWS_PER_BLOCK;
     enqueue(
         stream,
-        kernels.fns.get(OP, &format!("mm_add_norm_{fmt}_{act}"))?,
+        f,
         (m.div_ceil(rows) as u32, 1, 1),
         8 * rows as u32,
         shared as u32,

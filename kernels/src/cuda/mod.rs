@@ -139,12 +139,16 @@ impl CudaKernels {
             .chain(matmul::ADD_NORM_KERNELS)
             .chain(attention::LARGE_SHARED)
         {
-            fns.get("matmul", name)?
-                .set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    optin as i32,
-                )
-                .map_err(|e| driver_error("matmul", "raising the shared-memory limit", e))?;
+            // Static and dynamic shared memory together stay within the limit.
+            let f = fns.get("matmul", name)?;
+            let fixed = f
+                .shared_size_bytes()
+                .map_err(|e| driver_error("matmul", "reading static shared memory", e))?;
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                optin as i32 - fixed,
+            )
+            .map_err(|e| driver_error("matmul", "raising the shared-memory limit", e))?;
         }
         Ok(CudaKernels {
             ctx,
