@@ -24,7 +24,7 @@ export WEFT_REQUIRE_CUDA=1 RUST_BACKTRACE=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 echo "== NVRTC compile check"
-timeout 120 "$DIR/kernels_lib" cuda::tests --test-threads=1 2>&1 | tail -5 | tee "$OUT/lib.log" || status=1
+timeout 400 "$DIR/kernels_lib" cuda::tests --test-threads=1 2>&1 | tail -5 | tee "$OUT/lib.log" || status=1
 echo "== CUDA vs CPU (one process per test: a fault in one cannot spoil the others)"
 : > "$OUT/tests.log"
 passed=0; failed=0

@@ -50,12 +50,27 @@ DEV size_t act_row_bytes(int f, int cols) {
 // (which may be x itself) and normalised. Staged, the row (or x and b) is
 // loaded with 32 loads per lane in flight: one memory latency for rows of
 // up to 1024 values.
-// Row `r` (of `rows`), by one warp.
-template <int F, bool ADD>
+// The parallel exact sum's shared scratch, or none.
+template <bool PARALLEL>
+struct NormScratch {
+    DEV static SeqSumScratch* get() {
+        __shared__ SeqSumScratch s;
+        return &s;
+    }
+};
+template <>
+struct NormScratch<false> {
+    DEV static SeqSumScratch* get() { return nullptr; }
+};
+
+// Row `r` (of `rows`), by one warp. Without PARALLEL the exact parallel
+// sum's 12 KiB of shared scratch is left out (that method then sums in
+// order: same bits).
+template <int F, bool ADD, bool PARALLEL = true>
 DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
                          int r, int rows, int cols, float eps, int broadcast, int staged,
                          int method) {
-    __shared__ SeqSumScratch scratch;
+    SeqSumScratch* scratch = NormScratch<PARALLEL>::get();
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
@@ -91,7 +106,7 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
         const float v = xr[i];
         return (double)(v * v);
     };
-    const float mean = seq_sum_finish(term, cols, &scratch, method, [&](double sum) {
+    const float mean = seq_sum_finish(term, cols, scratch, method, [&](double sum) {
         return __double2float_rn(sum / (double)cols);
     });
     const float scale = 1.0f / sqrtf(mean + eps);
@@ -276,7 +291,8 @@ MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)
 // product into `delta` (scratch) exactly as the matvec does; the last block
 // to finish (a ticket counter after a fence) adds the product into the
 // residual row in place and normalises and quantizes it exactly as
-// add+rms_norm+quantize does. `ticket` (scratch) is zero before a launch
+// add+rms_norm+quantize does (Q8_0 / Q8_1 rows: what a next projection in
+// these formats reads). `ticket` (scratch) is zero before a launch
 // and the last block puts it back to zero, so a replayed graph finds it so.
 template <class F, int CH, int OUTF>
 DEV void matmul_add_norm_body(const u8* w, const u8* act, float* resid, const float* g, u8* out,
@@ -293,7 +309,8 @@ DEV void matmul_add_norm_body(const u8* w, const u8* act, float* resid, const fl
     if (!last) return;
     __threadfence();
     if (threadIdx.x < 32)
-        norm_quant_body<OUTF, true>(resid, delta, g, resid, out, 0, 1, m, eps, 0, staged, method);
+        norm_quant_body<OUTF, true, false>(resid, delta, g, resid, out, 0, 1, m, eps, 0, staged,
+                                           method);
     if (threadIdx.x == 0) *ticket = 0;
 }
 
@@ -311,10 +328,7 @@ DEV void matmul_add_norm_body(const u8* w, const u8* act, float* resid, const fl
     }
 #define MATMUL_ADD_NORM_FORMAT(FMT, F)                                                         \
     MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_0, F, 0)                                      \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_1, F, 1)                                      \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_k, F, 2)                                      \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_f16, F, 3)                                       \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_bf16, F, 4)
+    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_1, F, 1)
 MATMUL_ADD_NORM_FORMAT(q4_0, FmtQ4_0)
 MATMUL_ADD_NORM_FORMAT(q4_1, FmtQ4_1)
 MATMUL_ADD_NORM_FORMAT(q5_0, FmtQ5_0)

@@ -68,28 +68,16 @@ pub(super) const SILU_KERNELS: &[&str] = &[
 
 /// Decode projections joining the residual stream before the next norm
 /// (`matmul_add_norm_body` in fused.cu), per weight format and the norm's
-/// output format.
+/// output format (Q8_0 / Q8_1).
 pub(super) const ADD_NORM_KERNELS: &[&str] = &[
     "mm_add_norm_q4_0_q8_0",
     "mm_add_norm_q4_0_q8_1",
-    "mm_add_norm_q4_0_q8_k",
-    "mm_add_norm_q4_0_f16",
-    "mm_add_norm_q4_0_bf16",
     "mm_add_norm_q4_1_q8_0",
     "mm_add_norm_q4_1_q8_1",
-    "mm_add_norm_q4_1_q8_k",
-    "mm_add_norm_q4_1_f16",
-    "mm_add_norm_q4_1_bf16",
     "mm_add_norm_q5_0_q8_0",
     "mm_add_norm_q5_0_q8_1",
-    "mm_add_norm_q5_0_q8_k",
-    "mm_add_norm_q5_0_f16",
-    "mm_add_norm_q5_0_bf16",
     "mm_add_norm_q8_0_q8_0",
     "mm_add_norm_q8_0_q8_1",
-    "mm_add_norm_q8_0_q8_k",
-    "mm_add_norm_q8_0_f16",
-    "mm_add_norm_q8_0_bf16",
 ];
 
 pub(super) const KERNELS: &[&str] = &[
@@ -321,7 +309,7 @@ pub(super) unsafe fn launch_silu(
 /// A decode projection fused with the residual add and the next norm
 /// (`matmul+add+rms_norm+quantize`): one token of quantized activations, a
 /// 32-element weight format, an f32 residual row as long as the product,
-/// and an activation format the norm's kernels write.
+/// and Q8_0 / Q8_1 output rows.
 pub(super) fn supports_add_norm(node: &OpNode) -> Result<(), OpError> {
     const OP: &str = "matmul_add_rms_norm_quantize";
     let (x, w, r, g, out) = (
@@ -348,7 +336,10 @@ pub(super) fn supports_add_norm(node: &OpNode) -> Result<(), OpError> {
     if node.outputs[0] != *r {
         return Err(unsupported(OP, "a residual not updated in place".into()));
     }
-    super::fused::supports_quantized(OP, out)
+    if !matches!(out.dtype, DType::Q8_0 | DType::Q8_1) {
+        return Err(unsupported(OP, format!("{} output rows", out.dtype)));
+    }
+    Ok(())
 }
 
 /// The product row, then the ticket counter (`matmul_add_norm_body`).
@@ -404,12 +395,10 @@ pub(super) unsafe fn launch_add_norm(
         ));
     }
     let fmt = block32_name(OP, w.tensor.dtype)?;
-    let act = match out.tensor.dtype {
-        DType::Q8_0 => "q8_0",
-        DType::Q8_1 => "q8_1",
-        DType::Q8_K => "q8_k",
-        DType::F16 => "f16",
-        _ => "bf16",
+    let act = if out.tensor.dtype == DType::Q8_1 {
+        "q8_1"
+    } else {
+        "q8_0"
     };
     let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
     let (stage_bytes, staged) = super::launch::row_stage(m);
@@ -419,12 +408,7 @@ pub(super) unsafe fn launch_add_norm(
     let fixed = f
         .shared_size_bytes()
         .map_err(|e| super::launch::driver_error(OP, "reading static shared memory", e))?;
-    check_act_row(
-        OP,
-        kernels.large_shared_limit - fixed as usize,
-        shared,
-        k,
-    )?;
+    check_act_row(OP, kernels.large_shared_limit - fixed as usize, shared, k)?;
     let rows = MV_ROWS_PER_BLOCK;
     enqueue(
         stream,
