@@ -53,14 +53,14 @@ DEV size_t act_row_bytes(int f, int cols) {
 // The parallel exact sum's shared scratch, or none.
 template <bool PARALLEL>
 struct NormScratch {
-    DEV static SeqSumScratch* get() {
+    __device__ __forceinline__ static SeqSumScratch* get() {
         __shared__ SeqSumScratch s;
         return &s;
     }
 };
 template <>
 struct NormScratch<false> {
-    DEV static SeqSumScratch* get() { return nullptr; }
+    __device__ __forceinline__ static SeqSumScratch* get() { return nullptr; }
 };
 
 // Row `r` (of `rows`), by one warp. Without PARALLEL the exact parallel
