@@ -72,34 +72,6 @@ fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Ca
     }
 }
 
-/// A decode projection fused with the residual add and the next norm
-/// (`matmul+add+rms_norm+quantize`), weights rotated as in `matvec_case`;
-/// every launch adds into the same residual row.
-fn add_norm_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
-    let mut base = matvec_case(rng, wdtype, m, k, 1);
-    let mem = &mut base.mem;
-    let r = mem.f32_tensor(&[1, m], &rng.rows(1, m)).unwrap();
-    let gamma = mem.f32_tensor(&[m], &rng.vec(m, 1.0)).unwrap();
-    let q = mem.zeros(DType::Q8_1, &[1, m]).unwrap();
-    let nodes = base
-        .nodes
-        .iter()
-        .map(|n| {
-            node(
-                Op::MatMulAddRmsNormQuantize { eps: 1e-5 },
-                vec![n.inputs[0], n.inputs[1], r, gamma],
-                vec![r, q],
-            )
-        })
-        .collect();
-    Case {
-        name: format!("matmul+add+rms_norm+quantize {wdtype} {m}x{k} (fused)"),
-        nodes,
-        bytes: base.bytes + 3 * m * 4,
-        mem: base.mem,
-    }
-}
-
 fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
     let (heads, kvh, d) = (9, 3, 64);
     let rows = q_position as usize + n;
@@ -248,8 +220,6 @@ fn kernel_timings_at_smollm2_shapes() {
         matvec_case(&mut rng, DType::Q4_1, 1536, 576, 1),
         matvec_case(&mut rng, DType::Q4_1, 576, 1536, 1),
         matvec_case(&mut rng, DType::Q8_0, 49152, 576, 1),
-        add_norm_case(&mut rng, DType::Q4_1, 576, 576),
-        add_norm_case(&mut rng, DType::Q4_1, 576, 1536),
         attention_case(&mut rng, 1, 63),
         attention_case(&mut rng, 1, 255),
         attention_case(&mut rng, 1, 1023),

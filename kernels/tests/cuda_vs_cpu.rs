@@ -750,54 +750,6 @@ fn matmul_silu_quantize_bit_exact() {
     }
 }
 
-/// A decode projection joining the residual stream before the next norm
-/// (`matmul+add+rms_norm+quantize`): the residual updated in place and the
-/// normalised row (Q8_0 / Q8_1), bit for bit; long rows (two rounds of
-/// loads), and a row too long to stage. Launched twice on the
-/// same scratch (the kernel's ticket counter must come back to zero), the
-/// product is added twice, as the CPU adds it.
-#[test]
-fn matmul_add_rms_norm_quantize_bit_exact() {
-    let Some(g) = gpu_or_dry() else { return };
-    let mut rng = Rng::new(41);
-    for wdtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
-        for (m, k) in [(576, 576), (576, 1536), (160, 2400), (5120, 256)] {
-            for out_dtype in [DType::Q8_1, DType::Q8_0] {
-                let mut mem = HostMemory::default();
-                let adtype = vec_dot_type(wdtype);
-                let w = weights(&mut rng, &mut mem, wdtype, m, k);
-                let x = mem
-                    .tensor(adtype, &[1, k], &quantized(adtype, &rng.rows(1, k)))
-                    .unwrap();
-                let r = mem.f32_tensor(&[1, m], &rng.rows(1, m)).unwrap();
-                let gamma = mem.f32_tensor(&[m], &rng.vec(m, 1.5)).unwrap();
-                let out = mem.zeros(out_dtype, &[1, m]).unwrap();
-                let nd = node(
-                    Op::MatMulAddRmsNormQuantize { eps: 1e-5 },
-                    vec![x, w, r, gamma],
-                    vec![r, out],
-                );
-                let what = format!("{} {wdtype} {m}x{k} -> {out_dtype}", nd.op.name());
-                check_exact(g, &what, &nd, &mut mem);
-                let mut twice = mem.clone();
-                for (t, bytes) in nd.outputs.iter().zip(run_cpu(&nd, &mem)) {
-                    twice.bytes_mut(t).copy_from_slice(&bytes);
-                }
-                let want = run_cpu(&nd, &twice);
-                let got = run_gpu_launches(g, &nd, &mem, None, 2);
-                for (i, t) in nd.outputs.iter().enumerate() {
-                    assert_same(
-                        &format!("{what}, launched twice (output {i})"),
-                        t.dtype,
-                        &got[i],
-                        &want[i],
-                    );
-                }
-            }
-        }
-    }
-}
-
 /// Attention fused with quantize (the one-chunk kernel writes Q8_0 / Q8_1
 /// blocks): the CPU's attention then quantize, bit for bit.
 #[test]

@@ -73,18 +73,6 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
             ]
         }
-        Op::MatMulAddRmsNormQuantize { eps } => {
-            arity(4, 2)?;
-            let (x, w, r, g) = (ins[0], ins[1], ins[2], ins[3]);
-            let d = scratch(DType::F32, &[x.rows(), w.rows()])?;
-            let h = scratch(DType::F32, r.shape.dims())?;
-            vec![
-                OpNode::new(Op::MatMul, vec![x, w], vec![d]),
-                OpNode::new(Op::Add, vec![r, d], vec![outs[0]]),
-                OpNode::new(Op::RmsNorm { eps: *eps }, vec![outs[0], g], vec![h]),
-                OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
-            ]
-        }
         Op::MatMulRows { rope, write } => {
             arity(if rope.is_some() { 3 } else { 2 }, 1)?;
             let (x, w) = (ins[0], ins[1]);
@@ -273,22 +261,6 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
             Some(OpNode::new(
                 Op::AttentionQuantize(*p),
                 first.inputs.clone(),
-                second.outputs.clone(),
-            ))
-        }
-        // A projection whose product only joins the residual stream (in
-        // place) before the next norm.
-        (Op::MatMul, Op::AddRmsNormQuantize { eps })
-            if reads_out(1) && !keep_intermediate && second.inputs[0] != out =>
-        {
-            Some(OpNode::new(
-                Op::MatMulAddRmsNormQuantize { eps: *eps },
-                vec![
-                    first.inputs[0],
-                    first.inputs[1],
-                    second.inputs[0],
-                    second.inputs[2],
-                ],
                 second.outputs.clone(),
             ))
         }

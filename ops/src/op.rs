@@ -202,15 +202,6 @@ pub enum Op {
         /// As in [`Op::RmsNorm`].
         eps: f32,
     },
-    /// Fused `matmul` then the in-place residual `add` of its product, then
-    /// `rms_norm` and `quantize` (a projection's output joining the residual
-    /// stream, normalised for the next projection): inputs `x`, `w`, the
-    /// residual `r` and the norm's weights `g`; outputs `r` (overwritten
-    /// with `r + x @ w^T`) and the quantized normalised sum.
-    MatMulAddRmsNormQuantize {
-        /// As in [`Op::RmsNorm`].
-        eps: f32,
-    },
     /// Fused `matmul` then what reads its rows: `rope` (when `rope` is set;
     /// inputs `x`, `w`, `positions`) and/or `set_rows` into a cache (when
     /// `write` is set; the output is the cache). Inputs `x`, `w` otherwise.
@@ -418,7 +409,6 @@ impl Op {
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
-            Op::MatMulAddRmsNormQuantize { .. } => "matmul+add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",
             Op::MatMulSiluQuantize { up: false } => "matmul+silu_mul+quantize",
             Op::MatMulSiluQuantize { up: true } => "gate_up+silu_mul+quantize",

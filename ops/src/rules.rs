@@ -223,7 +223,6 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::MatMulAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => {

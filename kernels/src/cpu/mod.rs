@@ -130,13 +130,12 @@ pub fn supports(node: &OpNode) -> Result<(), OpError> {
         // rows and a rope by rows: apart they use every thread, fused they
         // would run on one (the CPU runs such a node, made elsewhere, as its
         // chain).
-        Op::AttentionQuantize(_)
-        | Op::MatMulRows { .. }
-        | Op::MatMulSiluQuantize { .. }
-        | Op::MatMulAddRmsNormQuantize { .. } => Err(OpError::Unsupported {
-            op: node.op.name(),
-            what: "fusing on the CPU (its parts split their work differently)".into(),
-        }),
+        Op::AttentionQuantize(_) | Op::MatMulRows { .. } | Op::MatMulSiluQuantize { .. } => {
+            Err(OpError::Unsupported {
+                op: node.op.name(),
+                what: "fusing on the CPU (its parts split their work differently)".into(),
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -151,8 +150,7 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         Op::Write { .. }
         | Op::AttentionQuantize(_)
         | Op::MatMulRows { .. }
-        | Op::MatMulSiluQuantize { .. }
-        | Op::MatMulAddRmsNormQuantize { .. } => WorkSplit::new(1, 1),
+        | Op::MatMulSiluQuantize { .. } => WorkSplit::new(1, 1),
         Op::GetRows => WorkSplit::new(
             node.outputs[0].rows(),
             rows_per_item(node.outputs[0].rows(), threads),
@@ -253,10 +251,9 @@ pub unsafe fn run_item(
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
-        Op::AttentionQuantize(_)
-        | Op::MatMulRows { .. }
-        | Op::MatMulSiluQuantize { .. }
-        | Op::MatMulAddRmsNormQuantize { .. } => fused::run_whole(node, ins, outs),
+        Op::AttentionQuantize(_) | Op::MatMulRows { .. } | Op::MatMulSiluQuantize { .. } => {
+            fused::run_whole(node, ins, outs)
+        }
         Op::TailRope(_)
         | Op::HcMix(_)
         | Op::HcCollapse { .. }

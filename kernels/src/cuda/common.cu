@@ -438,10 +438,8 @@ DEV float seq_sum_finish(Term term, int n, SeqSumScratch* sc, int method, Finish
         if (fell_back) *fell_back = true;
         return finish(seq_sum_plain(term, n));
     }
-    // Without scratch the parallel scheme is not available: the sequential
-    // sum gives the same bits.
-    return finish(method == SUM_SEQUENTIAL || !sc ? seq_sum_plain(term, n)
-                                                  : seq_sum_nonneg(term, n, sc));
+    return finish(method == SUM_SEQUENTIAL ? seq_sum_plain(term, n)
+                                           : seq_sum_nonneg(term, n, sc));
 }
 
 // Copies a row into shared memory (when `stage` is not null), issuing 32

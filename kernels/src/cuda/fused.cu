@@ -50,28 +50,12 @@ DEV size_t act_row_bytes(int f, int cols) {
 // (which may be x itself) and normalised. Staged, the row (or x and b) is
 // loaded with 32 loads per lane in flight: one memory latency for rows of
 // up to 1024 values.
-// The parallel exact sum's shared scratch, or none.
-template <bool PARALLEL>
-struct NormScratch {
-    __device__ __forceinline__ static SeqSumScratch* get() {
-        __shared__ SeqSumScratch s;
-        return &s;
-    }
-};
-template <>
-struct NormScratch<false> {
-    __device__ __forceinline__ static SeqSumScratch* get() { return nullptr; }
-};
-
-// Row `r` (of `rows`), by one warp. Without PARALLEL the exact parallel
-// sum's 12 KiB of shared scratch is left out (that method then sums in
-// order: same bits).
-template <int F, bool ADD, bool PARALLEL = true>
+template <int F, bool ADD>
 DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
-                         int r, int rows, int cols, float eps, int broadcast, int staged,
-                         int method) {
-    SeqSumScratch* scratch = NormScratch<PARALLEL>::get();
+                         int rows, int cols, float eps, int broadcast, int staged, int method) {
+    __shared__ SeqSumScratch scratch;
     const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
     float* stage = staged ? norm_stage(cols) : 0;
@@ -106,7 +90,7 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
         const float v = xr[i];
         return (double)(v * v);
     };
-    const float mean = seq_sum_finish(term, cols, scratch, method, [&](double sum) {
+    const float mean = seq_sum_finish(term, cols, &scratch, method, [&](double sum) {
         return __double2float_rn(sum / (double)cols);
     });
     const float scale = 1.0f / sqrtf(mean + eps);
@@ -119,15 +103,14 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
         const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
         int method) {                                                                          \
         pdl_sync();                                                                            \
-        norm_quant_body<F, false>(x, 0, w, 0, out, blockIdx.x, rows, cols, eps, 0, staged,     \
-                                  method);                                                     \
+        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
         int cols, float eps, int broadcast, int staged, int method) {                          \
         pdl_sync();                                                                            \
-        norm_quant_body<F, true>(x, b, w, sum_out, out, blockIdx.x, rows, cols, eps, broadcast, \
-                                 staged, method);                                              \
+        norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
+                                 method);                                                      \
     }
 NORM_QUANT_ENTRIES(q8_0, 0)
 NORM_QUANT_ENTRIES(q8_1, 1)
@@ -285,54 +268,6 @@ MATMUL_ROWS_FORMAT(q4_0, FmtQ4_0)
 MATMUL_ROWS_FORMAT(q4_1, FmtQ4_1)
 MATMUL_ROWS_FORMAT(q5_0, FmtQ5_0)
 MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)
-
-// A decode projection joining the residual stream, then the next norm
-// (`matmul+add+rms_norm+quantize`): every block computes its rows of the
-// product into `delta` (scratch) exactly as the matvec does; the last block
-// to finish (a ticket counter after a fence) adds the product into the
-// residual row in place and normalises and quantizes it exactly as
-// add+rms_norm+quantize does (Q8_0 / Q8_1 rows: what a next projection in
-// these formats reads). `ticket` (scratch) is zero before a launch
-// and the last block puts it back to zero, so a replayed graph finds it so.
-template <class F, int CH, int OUTF>
-DEV void matmul_add_norm_body(const u8* w, const u8* act, float* resid, const float* g, u8* out,
-                              float* delta, u32* ticket, int m, int nb, float eps, int staged,
-                              int method) {
-    __shared__ int last;
-    int row;
-    const float s = mv_row32<F, CH>(w, act, m, nb, &row);
-    if ((threadIdx.x & 7) == 0 && row < m) delta[row] = s;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32)
-        norm_quant_body<OUTF, true, false>(resid, delta, g, resid, out, 0, 1, m, eps, 0, staged,
-                                           method);
-    if (threadIdx.x == 0) *ticket = 0;
-}
-
-#define MATMUL_ADD_NORM_ENTRY(NAME, F, OUTF)                                                   \
-    extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME(const u8* w, const u8* act, float* resid, const float* g, u8* out, float* delta,   \
-             u32* ticket, int m, int nb, float eps, int staged, int method) {                  \
-        pdl_sync();                                                                            \
-        if (nb > 24)                                                                           \
-            matmul_add_norm_body<F, 48, OUTF>(w, act, resid, g, out, delta, ticket, m, nb, eps, \
-                                              staged, method);                                 \
-        else                                                                                   \
-            matmul_add_norm_body<F, 24, OUTF>(w, act, resid, g, out, delta, ticket, m, nb, eps, \
-                                              staged, method);                                 \
-    }
-#define MATMUL_ADD_NORM_FORMAT(FMT, F)                                                         \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_0, F, 0)                                      \
-    MATMUL_ADD_NORM_ENTRY(mm_add_norm_##FMT##_q8_1, F, 1)
-MATMUL_ADD_NORM_FORMAT(q4_0, FmtQ4_0)
-MATMUL_ADD_NORM_FORMAT(q4_1, FmtQ4_1)
-MATMUL_ADD_NORM_FORMAT(q5_0, FmtQ5_0)
-MATMUL_ADD_NORM_FORMAT(q8_0, FmtQ8_0)
 
 // The feed-forward's middle, fused: 32 rows of the gate projection per
 // block (and of the up projection, UP; else `u` is read), silu(gate) * up

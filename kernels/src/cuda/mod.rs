@@ -118,7 +118,6 @@ impl CudaKernels {
             matmul::KERNELS,
             matmul::ROWS_KERNELS,
             matmul::SILU_KERNELS,
-            matmul::ADD_NORM_KERNELS,
             norm::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
@@ -136,7 +135,6 @@ impl CudaKernels {
         for &name in matmul::LARGE_SHARED
             .iter()
             .chain(matmul::ROWS_KERNELS)
-            .chain(matmul::ADD_NORM_KERNELS)
             .chain(attention::LARGE_SHARED)
         {
             // Static and dynamic shared memory together stay within the limit.
@@ -186,7 +184,6 @@ impl CudaKernels {
             Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
             Op::MatMulRows { rope, write } => matmul::supports_rows(node, rope.as_ref(), *write),
             Op::MatMulSiluQuantize { up } => matmul::supports_silu(node, *up),
-            Op::MatMulAddRmsNormQuantize { .. } => matmul::supports_add_norm(node),
             Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
                     return Err(launch::unsupported(
@@ -243,7 +240,6 @@ impl CudaKernels {
     pub fn scratch_bytes(&self, node: &OpNode) -> usize {
         match &node.op {
             Op::MatMul => matmul::scratch_bytes(node),
-            Op::MatMulAddRmsNormQuantize { .. } => matmul::add_norm_scratch_bytes(node),
             op if dsv4::owns(op) => dsv4::scratch_bytes(node),
             _ => 0,
         }
@@ -386,9 +382,6 @@ impl CudaKernels {
                 matmul::launch_rows(self, s, rope.as_ref(), *write, ins, outs, step)
             }
             Op::MatMulSiluQuantize { up } => matmul::launch_silu(self, s, *up, ins, outs),
-            Op::MatMulAddRmsNormQuantize { eps } => {
-                matmul::launch_add_norm(self, s, node, ins, outs, scratch, *eps)
-            }
             Op::RmsNorm { eps } => norm::rms_norm(self, s, ins, outs, *eps),
             Op::LayerNorm { eps } => norm::layer_norm(self, s, ins, outs, *eps),
             Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul | Op::Gelu | Op::GeluMul => {

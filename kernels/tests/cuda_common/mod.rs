@@ -178,27 +178,8 @@ pub fn run_gpu_with(
     mem: &HostMemory,
     step: Option<Vec<u32>>,
 ) -> Vec<Vec<u8>> {
-    run_gpu_launches(g, node, mem, step, 1)
-}
-
-/// [`run_gpu_with`], launching the node `launches` times in a row on the
-/// same scratch (what a replayed graph does).
-pub fn run_gpu_launches(
-    g: Option<&Gpu>,
-    node: &OpNode,
-    mem: &HostMemory,
-    step: Option<Vec<u32>>,
-    launches: usize,
-) -> Vec<Vec<u8>> {
     let Some(g) = g else {
-        let mut mem = mem.clone();
-        for _ in 1..launches {
-            let outs = run_cpu(node, &mem);
-            for (t, bytes) in node.outputs.iter().zip(outs) {
-                mem.bytes_mut(t).copy_from_slice(&bytes);
-            }
-        }
-        return run_cpu(node, &mem);
+        return run_cpu(node, mem);
     };
     let stream = g.stream();
     g.kernels.supports(node).expect("supports");
@@ -227,19 +208,17 @@ pub fn run_gpu_launches(
     };
     // SAFETY: every tensor lies inside its uploaded buffer; scratch and step
     // are sized by the kernels' own answers.
-    for _ in 0..launches {
-        unsafe {
-            g.kernels
-                .launch(
-                    &stream,
-                    node,
-                    &ins,
-                    &outs,
-                    ptr_of(&stream, &scratch),
-                    step_ptr,
-                )
-                .expect("launch");
-        }
+    unsafe {
+        g.kernels
+            .launch(
+                &stream,
+                node,
+                &ins,
+                &outs,
+                ptr_of(&stream, &scratch),
+                step_ptr,
+            )
+            .expect("launch");
     }
     stream.synchronize().expect("kernel execution");
     node.outputs.iter().map(|t| dev.read(&stream, t)).collect()

@@ -196,7 +196,6 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::MatMulAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => {
