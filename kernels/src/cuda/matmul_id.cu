@@ -983,9 +983,9 @@ MMID_ENTRIES(mxfp4, MMID_MXFP4)
 // (eight lanes per row, as above) and a ring of NS stages in shared memory;
 // a stage holds a slice of KB blocks of its four rows, brought in by 16-byte
 // cp.async copies spread over the warp's lanes (one commit group per stage).
-// The first stages' copies go out before the activations are quantized,
-// so the weights stream from DRAM during that phase; each consumed stage is
-// refilled at once. So there is
+// The activation row's first loads, then the first stages' copies go out
+// before the activations are quantized, so the weights stream from DRAM
+// during that phase; each consumed stage is refilled at once. So there is
 // no 2- or 4-byte global load, no per-block address arithmetic and no
 // block-wide barrier in the main loop. Rows are padded in the stages (RS) so
 // that the four rows of a warp fall on different banks.
@@ -1011,48 +1011,46 @@ DEV u32 mmid_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 // 4i..4i+3 as the 16 bytes at (8i + l8) * 16; MX = 1: the interleaved layout
 // (quant j at byte 2j, quant j + 16 at byte 2j + 1 of the block's 32). The
 // scales (f16-rounded, as f32) follow the nb * 32 quant bytes. nb % 4 == 0.
-// Q8_0 blocks of one row, eight lanes per block (lane l8: values 4 l8..4 l8+3),
-// the arithmetic of mmid_stage_q8. MX = 0: lane l8's quants of blocks
-// 4i..4i+3 as the 16 bytes at (8i + l8) * 16; MX = 1: the interleaved layout
-// (quant j at byte 2j, quant j + 16 at byte 2j + 1 of the block's 32). The
-// scales (f16-rounded, as f32) follow the nb * 32 quant bytes. nb % 4 == 0.
+// Round r of 128 blocks: mmid_dload_q8 loads this thread's 16 values
+// (blocks b0 + 32u, u < 4), mmid_dquant_q8 quantizes them.
+DEV void mmid_dload_q8(const float* xrow, int nb, int r, float* v) {
+    const int l8 = threadIdx.x & 7, b0 = (threadIdx.x >> 3) + r * (4 * MMID_THREADS / 8);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const float* src = xrow + 32 * min(b0 + u * (MMID_THREADS / 8), nb - 1) + 4 * l8;
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[4 * u + i] = src[i];
+    }
+}
+
 template <int MX>
-DEV void mmid_dstage_q8(const float* xrow, int nb, u8* act) {
-    const int l8 = threadIdx.x & 7;
-    const int groups = MMID_THREADS / 8;
-    for (int b0 = threadIdx.x >> 3; b0 < nb; b0 += 4 * groups) {
-        float v[4][4];
+DEV void mmid_dquant_q8(const float* v, int nb, int r, u8* act) {
+    const int l8 = threadIdx.x & 7, b0 = (threadIdx.x >> 3) + r * (4 * MMID_THREADS / 8);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const float* src = xrow + 32 * min(b0 + u * groups, nb - 1) + 4 * l8;
+    for (int u = 0; u < 4; u++) {
+        const int b = b0 + u * (MMID_THREADS / 8);
+        if (b >= nb) break;  // uniform per warp (nb % 4 == 0)
+        const float* w = v + 4 * u;
+        float amax = fmaxf(fmaxf(fabsf(w[0]), fabsf(w[1])), fmaxf(fabsf(w[2]), fabsf(w[3])));
 #pragma unroll
-            for (int i = 0; i < 4; i++) v[u][i] = src[i];
+        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        u32 word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = __float2int_rn(w[i] * id);
+            q = max(-128, min(127, q));
+            word |= ((u32)q & 0xffu) << (8 * i);
         }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int b = b0 + u * groups;
-            if (b >= nb) break;  // uniform per warp (nb % 4 == 0)
-            float amax = fmaxf(fmaxf(fabsf(v[u][0]), fabsf(v[u][1])), fmaxf(fabsf(v[u][2]), fabsf(v[u][3])));
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-            const float d = amax / 127.0f;
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            u32 word = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int q = __float2int_rn(v[u][i] * id);
-                q = max(-128, min(127, q));
-                word |= ((u32)q & 0xffu) << (8 * i);
-            }
-            if (MX) {
-                const u32 hi = __shfl_down_sync(FULL_MASK, word, 4, 8);
-                if (l8 < 4)
-                    *(uint2*)(act + 32 * b + 8 * l8) = make_uint2(__byte_perm(word, hi, 0x5140), __byte_perm(word, hi, 0x7362));
-            } else {
-                *(u32*)(act + ((b >> 2) * 8 + l8) * 16 + (b & 3) * 4) = word;
-            }
-            if (l8 == 0) ((float*)(act + 32 * nb))[b] = round16(d);
+        if (MX) {
+            const u32 hi = __shfl_down_sync(FULL_MASK, word, 4, 8);
+            if (l8 < 4)
+                *(uint2*)(act + 32 * b + 8 * l8) = make_uint2(__byte_perm(word, hi, 0x5140), __byte_perm(word, hi, 0x7362));
+        } else {
+            *(u32*)(act + ((b >> 2) * 8 + l8) * 16 + (b & 3) * 4) = word;
         }
+        if (l8 == 0) ((float*)(act + 32 * nb))[b] = round16(d);
     }
 }
 
@@ -1094,23 +1092,46 @@ DEV void mmid_dquant_q8k(const float* v, u8* blk) {
     if (lane == 0) *(float*)(blk + 256) = 1.0f / iscale;
 }
 
-// Q8_K blocks of one row, a warp per block, two blocks' loads at a time.
-DEV void mmid_dstage_q8k(const float* xrow, int nb, u8* act) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int b0 = warp; b0 < nb; b0 += 2 * MMID_D_WARPS) {
-        float v[2][8];
+// Round r of the Q8_K staging: this warp's blocks b0 + 8u (u < 2), eight
+// values per lane each.
+DEV void mmid_dload_q8k(const float* xrow, int nb, int r, float* v) {
+    const int lane = threadIdx.x & 31, b0 = (threadIdx.x >> 5) + r * (2 * MMID_D_WARPS);
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const float* src = xrow + 256 * min(b0 + u * MMID_D_WARPS, nb - 1) + 8 * lane;
+    for (int u = 0; u < 2; u++) {
+        const float* src = xrow + 256 * min(b0 + u * MMID_D_WARPS, nb - 1) + 8 * lane;
 #pragma unroll
-            for (int i = 0; i < 8; i++) v[u][i] = src[i];
-        }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int b = b0 + u * MMID_D_WARPS;
-            if (b < nb) mmid_dquant_q8k(v[u], act + (size_t)b * MMID_Q8K_D);
-        }
+        for (int i = 0; i < 8; i++) v[8 * u + i] = src[i];
     }
+}
+
+DEV void mmid_dquant_q8k_round(const float* v, int nb, int r, u8* act) {
+    const int b0 = (threadIdx.x >> 5) + r * (2 * MMID_D_WARPS);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int b = b0 + u * MMID_D_WARPS;
+        if (b < nb) mmid_dquant_q8k(v + 8 * u, act + (size_t)b * MMID_Q8K_D);
+    }
+}
+
+// The staging of format FMT, one round: its loads, then its quantization.
+template <int FMT>
+DEV void mmid_dload(const float* xrow, int nb, int r, float* v) {
+    if (FMT == MMID_Q8_0 || FMT == MMID_MXFP4)
+        mmid_dload_q8(xrow, nb, r, v);
+    else
+        mmid_dload_q8k(xrow, nb, r, v);
+}
+template <int FMT>
+DEV void mmid_dquant(const float* v, int nb, int r, u8* act) {
+    if (FMT == MMID_Q8_0) mmid_dquant_q8<0>(v, nb, r, act);
+    if (FMT == MMID_MXFP4) mmid_dquant_q8<1>(v, nb, r, act);
+    if (FMT != MMID_Q8_0 && FMT != MMID_MXFP4) mmid_dquant_q8k_round(v, nb, r, act);
+}
+// Rounds of the staging: Q8_0 blocks of 32 (128 a round), Q8_K of 256 (16).
+template <int FMT>
+DEV int mmid_drounds(int nb) {
+    return FMT == MMID_Q8_0 || FMT == MMID_MXFP4 ? (nb + 4 * MMID_THREADS / 8 - 1) / (4 * MMID_THREADS / 8)
+                                                 : (nb + 2 * MMID_D_WARPS - 1) / (2 * MMID_D_WARPS);
 }
 
 // ---- per-format slices ----
@@ -1449,13 +1470,19 @@ DEV void mmid_dbody(const u8* w, const float* x, const i32* ids, float* out, int
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-#pragma unroll
-    for (int s = 0; s < F::NS; s++) issue_next(s);
+    // The activations' first loads go out before the weights' (they would
+    // queue behind them), the weights' before the quantization.
     const int pair = tile.pair[0];
     const float* xrow = x + (size_t)(x_per_pair ? pair : pair / slots) * kdim;
-    if (FMT == MMID_Q8_0) mmid_dstage_q8<0>(xrow, nb, mmid_dyn);
-    if (FMT == MMID_MXFP4) mmid_dstage_q8<1>(xrow, nb, mmid_dyn);
-    if (FMT == MMID_Q4_K || FMT == MMID_Q2_K || FMT == MMID_IQ2_XXS) mmid_dstage_q8k(xrow, nb, mmid_dyn);
+    float xv[16];
+    mmid_dload<FMT>(xrow, nb, 0, xv);
+#pragma unroll
+    for (int s = 0; s < F::NS; s++) issue_next(s);
+    mmid_dquant<FMT>(xv, nb, 0, mmid_dyn);
+    for (int r = 1; r < mmid_drounds<FMT>(nb); r++) {
+        mmid_dload<FMT>(xrow, nb, r, xv);
+        mmid_dquant<FMT>(xv, nb, r, mmid_dyn);
+    }
     __syncthreads();
     const int order = mmid_q4k_order(m, tile.ne, tile.first_rank);
     const int rg = lane >> 3;
