@@ -222,6 +222,42 @@ fn matmul_id_many_experts_bit_exact() {
     }
 }
 
+/// The decode kernels (tiles of one pair, weights streamed through shared
+/// memory): 64 experts so that up to 127 pairs still take tiles of one
+/// (one warp routes, then the block), rows not a multiple of a pass, whole
+/// ring slices (k = 2048), Q4_K in both repacked orders (a concentrated
+/// routing gives groups of four and more), x shared and per pair.
+#[test]
+fn matmul_id_decode_kernels_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(80);
+    for dtype in [
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q2_K,
+        DType::IQ2_XXS,
+        DType::MXFP4,
+    ] {
+        let (experts, m, k) = (64, 72, 2048);
+        let mut mem = HostMemory::default();
+        let w = expert_weights(&mut rng, &mut mem, dtype, [experts, m, k], 0, true);
+        for (n, how, per_pair) in [
+            (1, Route::Distinct, false),
+            (1, Route::Repeats, true),
+            (5, Route::Uniform, true),
+            (20, Route::Uniform, false),
+            (20, Route::Concentrated, true),
+        ] {
+            let ids = route(&mut rng, how, n, 6, experts);
+            let nd = matmul_id_node(&mut rng, &mut mem, w, &ids, n, per_pair);
+            let what = format!(
+                "matmul_id {dtype} {experts}x{m}x{k}, {n} tokens {how:?}, x per pair {per_pair}"
+            );
+            check_exact(g, &what, &nd, &mut mem);
+        }
+    }
+}
+
 /// DeepSeek-V4's expert matrices (2048 x 4096 gate/up, 4096 x 2048 down)
 /// of random blocks: decode (six distinct experts, x shared; one repeat, x
 /// per pair) and a 33-token prefill (x shared and per pair).
