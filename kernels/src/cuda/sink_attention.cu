@@ -13,7 +13,7 @@
 // slot (< ring) or ring + a compressed row; -1 when the slot holds no key.
 
 #define SINK_KT 32       // key slots per scores block (one per lane)
-#define SINK_HR 4        // heads per scores thread
+#define SINK_HR 3        // heads per scores thread (64 heads: 6 blocks of 12)
 #define SINK_WARPS 4     // warps per scores block
 #define SINK_HB (SINK_HR * SINK_WARPS)  // heads per scores block
 #define SINK_DC 128      // columns staged at a time
@@ -31,7 +31,8 @@
 
 // The staging maps thread t to column t (or quad t % 32) of a chunk, and
 // the attend block's warps to pairs of its heads, lanes to its columns.
-static_assert(SINK_DC == 32 * SINK_WARPS && SINK_QREG == SINK_HB, "scores staging");
+static_assert(SINK_DC == 32 * SINK_WARPS && SINK_QREG == SINK_HB && SINK_QREG % 4 == 0,
+              "scores staging");
 static_assert(SINK_AC == 32 && SINK_AH == 2 * (SINK_AT / 32), "attend layout");
 static_assert(SINK_WCAP % SINK_AT == 0 && SINK_WCAP % 2 == 0 && SINK_VK % 2 == 0, "segments");
 
@@ -154,8 +155,8 @@ DEV void sink_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Kernel 1: scores. Block (slot tile of 32, group of 16 heads, query);
-// lane = slot, warp = 4 heads. Each thread runs its 4 dot products in the
+// Kernel 1: scores. Block (slot tile of 32, group of 12 heads, query);
+// lane = slot, warp = 3 heads. Each thread runs its 3 dot products in the
 // CPU's order (one f32 chain over the columns each), from query and key
 // columns staged 128 at a time in shared memory; the next 128 are loaded
 // into registers (16-byte loads when `vec`) while these are summed, and

@@ -6,9 +6,9 @@
 //! splits across threads without changing bits. So parallelism comes from
 //! (head, key) pairs for the scores and (head, column) pairs for the
 //! output, in two kernels over a scratch of scores `f32 [rows, heads,
-//! slots]`: `sink_scores` (one thread per (key, 4 heads), each dot product
+//! slots]`: `sink_scores` (one thread per (key, 3 heads), each dot product
 //! one sequential chain; keys and queries staged 128 columns at a time in
-//! shared memory, shared by the 16 heads of a block since K = V is one
+//! shared memory, shared by the 12 heads of a block since K = V is one
 //! head, the next chunk loading into registers while one is summed, every
 //! row asked into L2 up front) and `sink_attend` (a block per (8 heads, 32
 //! columns): the softmax of its heads over scores gathered into shared
@@ -52,7 +52,7 @@ const SCRATCH_BUDGET: usize = 8 << 20;
 /// Slots and heads per scores block, threads per block of either kernel,
 /// heads and columns per attend block (as in sink_attention.cu).
 const SCORE_SLOTS: usize = 32;
-const SCORE_HEADS: usize = 16;
+const SCORE_HEADS: usize = 12;
 const THREADS: u32 = 128;
 const ATTEND_HEADS: usize = 8;
 const ATTEND_COLS: usize = 32;
