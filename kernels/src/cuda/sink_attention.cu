@@ -13,7 +13,7 @@
 // slot (< ring) or ring + a compressed row; -1 when the slot holds no key.
 
 #define SINK_KT 32       // key slots per scores block (one per lane)
-#define SINK_HR 4        // heads per scores thread
+#define SINK_HR 3        // heads per scores thread (64 heads: 6 blocks of 12)
 #define SINK_WARPS 4     // warps per scores block
 #define SINK_HB (SINK_HR * SINK_WARPS)  // heads per scores block
 #define SINK_DC 128      // columns staged at a time
@@ -27,10 +27,12 @@
 #define SINK_WCAP 640    // keys per segment: their weights stay in shared memory
 #define SINK_VK 32       // keys per value stage
 #define SINK_VS 5        // value stages in flight
+#define SINK_PAD 16      // keys of padding past the attend kernel's arrays
 
 // The staging maps thread t to column t (or quad t % 32) of a chunk, and
 // the attend block's warps to pairs of its heads, lanes to its columns.
-static_assert(SINK_DC == 32 * SINK_WARPS && SINK_QREG == SINK_HB, "scores staging");
+static_assert(SINK_DC == 32 * SINK_WARPS && SINK_QREG == SINK_HB && SINK_QREG % 4 == 0,
+              "scores staging");
 static_assert(SINK_AC == 32 && SINK_AH == 2 * (SINK_AT / 32), "attend layout");
 static_assert(SINK_WCAP % SINK_AT == 0 && SINK_WCAP % 2 == 0 && SINK_VK % 2 == 0, "segments");
 
@@ -71,8 +73,14 @@ DEV SinkRow sink_row(const SinkGeom& g, int i) {
     const u64 count = t + 1 < g.window ? t + 1 : (u64)g.window;
     SinkRow r;
     r.count = (u32)count;
-    r.start = (u32)((t + 1 - count) % g.ring);
-    const u64 v = g.ratio ? (t + 1) / g.ratio : 0;
+    u64 v;
+    if (t + 1 <= 0xffffffffull) {  // 32-bit division (the usual case)
+        r.start = ((u32)t + 1 - (u32)count) % g.ring;
+        v = g.ratio ? ((u32)t + 1) / g.ratio : 0;
+    } else {
+        r.start = (u32)((t + 1 - count) % g.ring);
+        v = g.ratio ? (t + 1) / g.ratio : 0;
+    }
     r.visible = (u32)(v < g.m ? v : (u64)g.m);
     return r;
 }
@@ -135,19 +143,27 @@ DEV void sink_cp4(void* dst, const void* src) {
 DEV void sink_cp16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sink_smem(dst)), "l"(src));
 }
+// Brings the 128-byte lines of [p, p + bytes) into L2.
+DEV void sink_prefetch(const u8* p, size_t bytes, int lane, int lanes) {
+    for (size_t o = (size_t)lane * 128; o < bytes; o += (size_t)lanes * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    if (lane == 0 && bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + bytes - 1));
+}
 DEV void sink_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 DEV void sink_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Kernel 1: scores. Block (slot tile of 32, group of 16 heads, query);
-// lane = slot, warp = 4 heads. Each thread runs its 4 dot products in the
+// Kernel 1: scores. Block (slot tile of 32, group of 12 heads, query);
+// lane = slot, warp = 3 heads. Each thread runs its 3 dot products in the
 // CPU's order (one f32 chain over the columns each), from query and key
 // columns staged 128 at a time in shared memory; the next 128 are loaded
-// into registers (16-byte loads when `vec`) while these are summed. Writes
-// s = dot * scale into scores[row][head][slot].
-extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
+// into registers (16-byte loads when `vec`) while these are summed, and
+// every row the block reads is asked into L2 at the start (one round trip
+// to memory, not one per chunk). Writes s = dot * scale into
+// scores[row][head][slot].
+extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32, 1)
     sink_scores(const float* q, const void* win, const void* rows, const i32* sel, float* scores,
                 const u32* step, u32 qpos, u32 window, u32 ring, u32 ratio, u32 m, int top_k,
                 int heads, int d, int flags, int slots, int row0, float scale, int vec) {
@@ -165,18 +181,39 @@ extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
     if (base >= limit) return;  // the whole tile holds no key (block-uniform)
     const int h0 = blockIdx.y * SINK_HB;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid < SINK_KT) {
-        const int slot = base + tid;
-        const int src = slot < limit ? sink_src(g, r, i, slot) : -1;
-        kp[tid] = src >= 0 ? sink_row_ptr(g, src) : nullptr;
-        kf[tid] = src >= 0 && sink_is16(g, src);
-    }
-    __syncthreads();
     const float* qi = q + (size_t)i * heads * d;
     // Staged values of one column chunk: keys then queries, raw (f16 keys
     // are widened when stored). With `vec`, thread t holds quads t + 128 j.
     u32 reg[SINK_KREG + SINK_QREG];
-    auto load = [&](int c0) {
+    auto load_q = [&](int c0) {
+        const int len = min(SINK_DC, d - c0);
+        if (vec) {
+            const int c = 4 * lane;
+#pragma unroll
+            for (int j = 0; j < SINK_QREG / 4; j++) {
+                const int head = h0 + warp + SINK_WARPS * j;
+                u32* o = reg + SINK_KREG + 4 * j;
+                o[0] = o[1] = o[2] = o[3] = 0;
+                if (head < heads && c < len) {
+                    const uint4 x = *(const uint4*)(qi + (size_t)head * d + c0 + c);
+                    o[0] = x.x;
+                    o[1] = x.y;
+                    o[2] = x.z;
+                    o[3] = x.w;
+                }
+            }
+        } else {
+            const int c = tid;  // one column per thread, one row per register
+#pragma unroll
+            for (int j = 0; j < SINK_QREG; j++) {
+                const int head = h0 + j;
+                reg[SINK_KREG + j] = 0;
+                if (head < heads && c < len)
+                    reg[SINK_KREG + j] = __float_as_uint(qi[(size_t)head * d + c0 + c]);
+            }
+        }
+    };
+    auto load_k = [&](int c0) {
         const int len = min(SINK_DC, d - c0);
         if (vec) {
             const int c = 4 * lane;
@@ -200,21 +237,8 @@ extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
                     }
                 }
             }
-#pragma unroll
-            for (int j = 0; j < SINK_QREG / 4; j++) {
-                const int head = h0 + warp + SINK_WARPS * j;
-                u32* o = reg + SINK_KREG + 4 * j;
-                o[0] = o[1] = o[2] = o[3] = 0;
-                if (head < heads && c < len) {
-                    const uint4 x = *(const uint4*)(qi + (size_t)head * d + c0 + c);
-                    o[0] = x.x;
-                    o[1] = x.y;
-                    o[2] = x.z;
-                    o[3] = x.w;
-                }
-            }
         } else {
-            const int c = tid;  // one column per thread, one row per register
+            const int c = tid;
 #pragma unroll
             for (int j = 0; j < SINK_KREG; j++) {
                 const u8* p = kp[j];
@@ -222,13 +246,6 @@ extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
                 if (p && c < len)
                     reg[j] = kf[j] ? (u32)((const u16*)p)[c0 + c]
                                    : __float_as_uint(((const float*)p)[c0 + c]);
-            }
-#pragma unroll
-            for (int j = 0; j < SINK_QREG; j++) {
-                const int head = h0 + j;
-                reg[SINK_KREG + j] = 0;
-                if (head < heads && c < len)
-                    reg[SINK_KREG + j] = __float_as_uint(qi[(size_t)head * d + c0 + c]);
             }
         }
     };
@@ -266,19 +283,74 @@ extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
                 qs[j * SINK_DC + tid] = __uint_as_float(reg[SINK_KREG + j]);
         }
     };
+    // The queries do not wait for the key table: first chunk loading, the
+    // rest asked into L2.
+    load_q(0);
+    for (int hh = warp; hh < SINK_HB && h0 + hh < heads; hh += SINK_WARPS)
+        sink_prefetch((const u8*)(qi + (size_t)(h0 + hh) * d), (size_t)d * 4, lane, 32);
+    if (tid < SINK_KT) {
+        const int slot = base + tid;
+        const int src = slot < limit ? sink_src(g, r, i, slot) : -1;
+        kp[tid] = src >= 0 ? sink_row_ptr(g, src) : nullptr;
+        kf[tid] = src >= 0 && sink_is16(g, src);
+    }
+    __syncthreads();
+    load_k(0);
+    for (int row = warp; row < SINK_KT; row += SINK_WARPS)
+        if (kp[row]) sink_prefetch(kp[row], (size_t)d * (kf[row] ? 2 : 4), lane, 32);
     float acc[SINK_HR];
 #pragma unroll
     for (int u = 0; u < SINK_HR; u++) acc[u] = -0.0f;  // Rust's f32 sum starts at -0.0
-    load(0);
     store();
     __syncthreads();
+    const float* kr = ks + lane * SINK_KSTRIDE;
+    const float* qr = qs + warp * SINK_HR * SINK_DC;
     for (int c0 = 0; c0 < d; c0 += SINK_DC) {
         const int len = min(SINK_DC, d - c0);
         const bool more = c0 + SINK_DC < d;
-        if (more) load(c0 + SINK_DC);  // in flight while this chunk is summed
-        const float* kr = ks + lane * SINK_KSTRIDE;
-        const float* qr = qs + warp * SINK_HR * SINK_DC;
+        if (more) {  // in flight while this chunk is summed
+            load_q(c0 + SINK_DC);
+            load_k(c0 + SINK_DC);
+        }
+        // 8 columns at a time from two register sets: the next 8 columns'
+        // operands are read while these are summed.
+        float4 ka[2], qa[SINK_HR][2], kb[2], qb[SINK_HR][2];
+        auto fetch = [&](float4* k8, float4 (*q8)[2], int at) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                k8[h] = *(const float4*)(kr + at + 4 * h);
+#pragma unroll
+                for (int u = 0; u < SINK_HR; u++)
+                    q8[u][h] = *(const float4*)(qr + u * SINK_DC + at + 4 * h);
+            }
+        };
+        auto sum8 = [&](const float4* k8, float4 (*q8)[2]) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int u = 0; u < SINK_HR; u++) {
+                    acc[u] = acc[u] + q8[u][h].x * k8[h].x;
+                    acc[u] = acc[u] + q8[u][h].y * k8[h].y;
+                    acc[u] = acc[u] + q8[u][h].z * k8[h].z;
+                    acc[u] = acc[u] + q8[u][h].w * k8[h].w;
+                }
+            }
+        };
         int c = 0;
+        const int l8 = len & ~7;
+        if (l8 > 0) {
+            fetch(ka, qa, 0);
+            for (; c + 16 <= l8; c += 16) {
+                fetch(kb, qb, c + 8);
+                sum8(ka, qa);
+                fetch(ka, qa, c + 16 < l8 ? c + 16 : c);  // in bounds when unused
+                sum8(kb, qb);
+            }
+            if (c < l8) {
+                sum8(ka, qa);
+                c += 8;
+            }
+        }
         for (; c + 4 <= len; c += 4) {
             const float4 kv = *(const float4*)(kr + c);
 #pragma unroll
@@ -291,9 +363,9 @@ extern "C" __global__ void __launch_bounds__(SINK_WARPS * 32)
             }
         }
         for (; c < len; c++) {
-            const float kv = kr[c];
+            const float kc = kr[c];
 #pragma unroll
-            for (int u = 0; u < SINK_HR; u++) acc[u] = acc[u] + qr[u * SINK_DC + c] * kv;
+            for (int u = 0; u < SINK_HR; u++) acc[u] = acc[u] + qr[u * SINK_DC + c] * kc;
         }
         if (more) {
             __syncthreads();  // this chunk consumed
@@ -367,12 +439,16 @@ struct SinkRope {
 // order. The valid keys go in segments of SINK_WCAP (one segment for
 // decode shapes; with more, each pass gathers the scores again):
 //   list:   the segment's valid slots in order, with their sources;
-//   pass 0: scores gathered into shared memory (cp.async), max per head;
-//   pass 1: e = expf(s - mx) in place; lane h of warp 0 sums head h's
-//           denominator in key order;
+//   pass 0: scores gathered into shared memory (cp.async), the value rows
+//           asked into L2 and the first value stages issued, the rope
+//           angle computed meanwhile; max per head;
+//   pass 1: e = expf(s - mx) in place (8 per thread at a time); lane h of
+//           warp 0 sums head h's denominator in key order;
 //   pass 2: w = e / den in place; the value rows' 32 columns come through
-//           SINK_VS stages of SINK_VK keys (cp.async, the first ones issued
-//           in pass 0), each warp summing its 2 heads, 2 keys at a time.
+//           SINK_VS stages of SINK_VK keys (cp.async), each warp summing
+//           its 2 heads over 8 keys while the next 8 are read.
+// One warp per scheduler: the loops keep their loads a step ahead by hand
+// (ILP), there is no other warp to hide a latency.
 // With the output rope, column chunks start at an offset `shift` (0 or 1)
 // that makes every rotated pair (nope + 2p, nope + 2p + 1) fall on lanes
 // (2l, 2l + 1) of one warp.
@@ -433,21 +509,43 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
         __syncthreads();
         return total;
     };
+    // Thread t's share of (key, head) pairs: head h0 + (t & 7), keys
+    // (t >> 3) + 16 m, 8 at a time (a warp touches 4 keys x 8 heads: 32
+    // consecutive words of w_s).
+    const int my_h = tid & 7, my_head = h0 + my_h, my_key = tid >> 3;
     // The scores of the segment's keys into w_s (one cp.async group).
     auto gather = [&](int s0, int n) {
-#pragma unroll 1
-        for (int hh = 0; hh < SINK_AH; hh++) {
-            const int head = h0 + hh;
-            const float* sc = sc_row + (size_t)head * slots + s0;
-            for (int key = tid; key < n; key += SINK_AT) {
-                float* dst = w_s + sink_widx(key, hh);
-                if (head < heads)
-                    sink_cp4(dst, sc + key_slot[key]);
+        const float* sc = sc_row + (size_t)my_head * slots + s0;
+        for (int kb = my_key; kb < n; kb += 16 * 8) {
+            int at[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) at[u] = kb + 16 * u < n ? key_slot[kb + 16 * u] : -1;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (at[u] < 0) continue;
+                float* dst = w_s + sink_widx(kb + 16 * u, my_h);
+                if (my_head < heads)
+                    sink_cp4(dst, sc + at[u]);
                 else
                     *dst = 0.0f;
             }
         }
         sink_commit();
+    };
+    // The value rows' columns of the segment's keys into L2 (they come
+    // through the stages later).
+    auto prefetch_values = [&](int n) {
+        const int lo = max(c0, 0), hi = min(c0 + SINK_AC, d);
+        for (int key = tid; key < n; key += SINK_AT) {
+            const int src = key_src[key];
+            const size_t esz = sink_is16(g, src) ? 2 : 4;
+            const u8* row = sink_row_ptr(g, src);
+            const u8* first = row + (size_t)lo * esz;
+            const u8* last = row + (size_t)hi * esz - 1;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(first));
+            if (((size_t)first >> 7) != ((size_t)last >> 7))
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(last));
+        }
     };
     // Value stage `t` of the segment's `n` keys (one cp.async group, empty
     // past the last stage).
@@ -496,6 +594,25 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
         return h16 ? h2f(((const u16*)(vt + k * SINK_AC))[lane]) : vt[k * SINK_AC + lane];
     };
 
+    // This column's rope angle (f64 maths) while the first loads fly.
+    float rcs = 1.0f, rsn = 0.0f;
+    const int nope = d - rp.dims;
+    const bool rotated = rp.dims > 0 && c >= nope && c < d && ((c - nope) >> 1) < rp.dims / 2;
+    auto rope_angle = [&]() {
+        if (rotated)
+            sink_rope_cs((c - nope) >> 1, (int)(g.qpos + (u32)i), rp.dims, rp.base, rp.yarn,
+                         rp.factor, rp.orig_ctx, rp.beta_fast, rp.beta_slow, rp.inverse, &rcs,
+                         &rsn);
+    };
+
+    // Before the list: the block's scores (first segment) into L2, the expf
+    // table into L1, so the gather and the first exponentials wait on L2.
+    for (int hh = warp; hh < SINK_AH && h0 + hh < heads; hh += SINK_AT / 32)
+        sink_prefetch((const u8*)(sc_row + (size_t)(h0 + hh) * slots),
+                      (size_t)min(limit, SINK_WCAP) * 4, lane, 32);
+    if (tid < 3)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"((const u8*)EXP2F_TAB + min(128 * tid, 255)));
+
     // Pass 0: the maxima (each warp its two heads).
     float mA = hA < heads ? sinks[hA] : 0.0f, mB = hB < heads ? sinks[hB] : 0.0f;
     int n = 0;
@@ -507,12 +624,17 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
             // The first value stages load while the softmax runs.
 #pragma unroll 1
             for (int t = 0; t < SINK_VS - 1; t++) issue(t, n);
-            sink_wait<SINK_VS - 1>();
-        } else {
-            sink_wait<0>();
+            prefetch_values(n);
         }
+        if (seg == 0) rope_angle();
+        if (resident)
+            sink_wait<SINK_VS - 1>();
+        else
+            sink_wait<0>();
         __syncthreads();
-        for (int key = lane; key < n; key += 32) {
+        int key = lane;
+#pragma unroll 4
+        for (; key < n; key += 32) {
             const float2 x = *(const float2*)(w_s + sink_widx(key, 2 * warp));
             mA = fmaxf(mA, x.x);
             mB = fmaxf(mB, x.y);
@@ -527,6 +649,28 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
     }
     __syncthreads();
 
+    float my_mx = 0.0f, my_den = 0.0f;  // this thread's head's, once known
+    // w_s[key][my_h] = f(w_s[key][my_h]) over the thread's keys, 8 at a time;
+    // f: 0 the exponential, 1 the weight of an exponential, 2 of a score.
+    auto transform = [&](int f) {
+        if (my_head >= heads) return;
+        for (int kb = my_key; kb < n; kb += 16 * 8) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (kb + 16 * u < n) x[u] = w_s[sink_widx(kb + 16 * u, my_h)];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (kb + 16 * u < n) {
+                    float y = x[u];
+                    if (f != 1) y = glibc_expf(y - my_mx);
+                    if (f != 0) y = y / my_den;
+                    w_s[sink_widx(kb + 16 * u, my_h)] = y;
+                }
+        }
+    };
+    my_mx = mx_s[my_h];
+
     // Pass 1: the exponentials and the denominators.
     float den = 0.0f;
     if (tid < SINK_AH && h0 + tid < heads) den = glibc_expf(sinks[h0 + tid] - mx_s[tid]);
@@ -538,30 +682,46 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
             sink_wait<0>();
             __syncthreads();
         }
-#pragma unroll 1
-        for (int hh = 0; hh < SINK_AH; hh++) {
-            if (h0 + hh >= heads) break;
-            const float mx = mx_s[hh];
-            for (int key = tid; key < n; key += SINK_AT) {
-                float* p = w_s + sink_widx(key, hh);
-                *p = glibc_expf(*p - mx);
-            }
-        }
+        transform(0);
         __syncthreads();
         if (tid < SINK_AH) {
+            // Key 2j of head tid at p[16 j], key 2j + 1 at p[16 j + 2]; 16
+            // keys at a time from two register sets (the next 16 read while
+            // these are added; reads past the keys land in padding, unused).
             const float* p = w_s + ((tid >> 1) << 2) + (tid & 1);
+            float ea[16], eb[16];
+            auto fetch16 = [&](float* e, int at) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    e[2 * j] = p[((at >> 1) + j) * 16];
+                    e[2 * j + 1] = p[((at >> 1) + j) * 16 + 2];
+                }
+            };
+            auto add16 = [&](const float* e) {
+#pragma unroll
+                for (int j = 0; j < 16; j++) den = den + e[j];
+            };
+            const int blocks16 = n >> 4;
             int key = 0;
-#pragma unroll 8
-            for (; key + 2 <= n; key += 2, p += 16) {
-                den = den + p[0];
-                den = den + p[2];
+            if (blocks16 > 0) {
+                fetch16(ea, 0);
+                int b16 = 0;
+                for (; b16 + 2 <= blocks16; b16 += 2) {
+                    fetch16(eb, 16 * b16 + 16);
+                    add16(ea);
+                    fetch16(ea, 16 * b16 + 32);
+                    add16(eb);
+                }
+                if (b16 < blocks16) add16(ea);
+                key = 16 * blocks16;
             }
-            if (key < n) den = den + p[0];
+            for (; key < n; key++) den = den + p[(key >> 1) * 16 + (key & 1) * 2];
         }
         __syncthreads();
     }
     if (tid < SINK_AH) den_s[tid] = den;
     __syncthreads();
+    my_den = den_s[my_h];
 
     // Pass 2: the weights and the weighted value sums.
     float acc0 = 0.0f, acc1 = 0.0f;
@@ -570,32 +730,59 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
             const int s0 = seg * SINK_WCAP;
             n = build(s0, min(limit, s0 + SINK_WCAP));
             gather(s0, n);
+            prefetch_values(n);
             sink_wait<0>();
             __syncthreads();
-        }
-#pragma unroll 1
-        for (int hh = 0; hh < SINK_AH; hh++) {
-            if (h0 + hh >= heads) break;
-            const float mx = mx_s[hh], dn = den_s[hh];
-            for (int key = tid; key < n; key += SINK_AT) {
-                float* p = w_s + sink_widx(key, hh);
-                *p = (resident ? *p : glibc_expf(*p - mx)) / dn;
-            }
-        }
-        if (!resident) {
+            transform(2);
 #pragma unroll 1
             for (int t = 0; t < SINK_VS - 1; t++) issue(t, n);
+        } else {
+            transform(1);
         }
         const int ntiles = (n + SINK_VK - 1) / SINK_VK;
         for (int t = 0; t < ntiles; t++) {
+            sink_wait<SINK_VS - 2>();
+            // Stage t (and the first time the weights) in; stage t - 1
+            // consumed by everyone, so its buffer takes stage t + VS - 1.
+            __syncthreads();
             issue(t + SINK_VS - 1, n);
-            sink_wait<SINK_VS - 1>();
-            __syncthreads();  // stage t and (the first time) the weights are in
             const int kb = t * SINK_VK, cnt = min(SINK_VK, n - kb);
             const float* vt = vs + (t % SINK_VS) * SINK_VK * SINK_AC;
             const float4* w4 = (const float4*)w_s + (kb >> 1) * 4 + warp;
             int k = 0;
-#pragma unroll 4
+            // Groups of 8 keys from two register sets: the next group's
+            // operands are read while one is summed (key order kept within
+            // each accumulator; reads past the keys land in padding, unused).
+            const int groups = cnt >> 3;
+            float4 wa[4], wb[4];
+            float va[8], vb[8];
+            auto fetch = [&](float4* w8, float* v8, int at) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) w8[j] = w4[((at >> 1) + j) * 4];
+#pragma unroll
+                for (int j = 0; j < 8; j++) v8[j] = value(vt, at + j, kb + at + j);
+            };
+            auto sum8 = [&](const float4* w8, const float* v8) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc0 = acc0 + w8[j].x * v8[2 * j];
+                    acc1 = acc1 + w8[j].y * v8[2 * j];
+                    acc0 = acc0 + w8[j].z * v8[2 * j + 1];
+                    acc1 = acc1 + w8[j].w * v8[2 * j + 1];
+                }
+            };
+            if (groups > 0) {
+                fetch(wa, va, 0);
+                int g = 0;
+                for (; g + 2 <= groups; g += 2) {
+                    fetch(wb, vb, 8 * g + 8);
+                    sum8(wa, va);
+                    fetch(wa, va, 8 * g + 16);
+                    sum8(wb, vb);
+                }
+                if (g < groups) sum8(wa, va);
+                k = 8 * groups;
+            }
             for (; k + 2 <= cnt; k += 2) {
                 const float4 w = w4[(k >> 1) * 4];
                 const float v0 = value(vt, k, kb + k);
@@ -611,29 +798,20 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
                 acc0 = acc0 + w.x * v0;
                 acc1 = acc1 + w.y * v0;
             }
-            __syncthreads();  // stage t consumed before it is refilled
         }
+        __syncthreads();  // stages, weights and list consumed
     }
 
     if (rp.dims > 0) {
         const float pA = __shfl_xor_sync(FULL_MASK, acc0, 1);
         const float pB = __shfl_xor_sync(FULL_MASK, acc1, 1);
-        const int nope = d - rp.dims;
-        if (c >= nope && c < d) {
-            const int off = c - nope;
-            const int pair = off >> 1;
-            if (pair < rp.dims / 2) {
-                float cs, sn;
-                const int pos = (int)(g.qpos + (u32)i);
-                sink_rope_cs(pair, pos, rp.dims, rp.base, rp.yarn, rp.factor, rp.orig_ctx,
-                             rp.beta_fast, rp.beta_slow, rp.inverse, &cs, &sn);
-                if ((off & 1) == 0) {
-                    acc0 = acc0 * cs - pA * sn;
-                    acc1 = acc1 * cs - pB * sn;
-                } else {
-                    acc0 = pA * sn + acc0 * cs;
-                    acc1 = pB * sn + acc1 * cs;
-                }
+        if (rotated) {
+            if (((c - nope) & 1) == 0) {
+                acc0 = acc0 * rcs - pA * rsn;
+                acc1 = acc1 * rcs - pB * rsn;
+            } else {
+                acc0 = pA * rsn + acc0 * rcs;
+                acc1 = pB * rsn + acc1 * rcs;
             }
         }
     }
@@ -646,7 +824,7 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
 // Kernel 2: softmax and weighted value sums (sink_attend_body), the output
 // rope included. vmode: 1 f32 rows may go in 16-byte pieces, 2 f16 rows in
 // pairs of halves.
-extern "C" __global__ void __launch_bounds__(SINK_AT)
+extern "C" __global__ void __launch_bounds__(SINK_AT, 1)
     sink_attend(const void* win, const void* rows, const i32* sel, const float* sinks,
                 const float* scores, float* out, const u32* step, u32 qpos, u32 window, u32 ring,
                 u32 ratio, u32 m, int top_k, int heads, int d, int flags, int slots, int row0,
@@ -654,9 +832,11 @@ extern "C" __global__ void __launch_bounds__(SINK_AT)
                 u32 yarn_orig_ctx, float yarn_beta_fast, float yarn_beta_slow, int rope_inverse,
                 int vmode) {
     pdl_sync();
-    __shared__ __align__(16) float w_s[SINK_WCAP * SINK_AH];
-    __shared__ __align__(16) float vs[SINK_VS * SINK_VK * SINK_AC];
-    __shared__ int key_src[SINK_WCAP];
+    // Padding: the pipelined loops read up to 15 keys past the last one
+    // (7 past a stage).
+    __shared__ __align__(16) float w_s[(SINK_WCAP + SINK_PAD) * SINK_AH];
+    __shared__ __align__(16) float vs[(SINK_VS * SINK_VK + SINK_PAD / 2) * SINK_AC];
+    __shared__ int key_src[SINK_WCAP + SINK_PAD];
     __shared__ u16 key_slot[SINK_WCAP];
     __shared__ int warp_tot[SINK_AT / 32];
     __shared__ float mx_s[SINK_AH], den_s[SINK_AH];

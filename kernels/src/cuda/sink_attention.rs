@@ -6,18 +6,21 @@
 //! splits across threads without changing bits. So parallelism comes from
 //! (head, key) pairs for the scores and (head, column) pairs for the
 //! output, in two kernels over a scratch of scores `f32 [rows, heads,
-//! slots]`: `sink_scores` (one thread per (key, 4 heads), each dot product
+//! slots]`: `sink_scores` (one thread per (key, 3 heads), each dot product
 //! one sequential chain; keys and queries staged 128 columns at a time in
-//! shared memory, shared by the 16 heads of a block since K = V is one
-//! head, the next chunk loading into registers while one is summed) and
-//! `sink_attend` (a block per (8 heads, 32 columns): the softmax of its
-//! heads over scores gathered into shared memory, lane h of one warp
-//! summing head h's denominator in key order, then one thread per (2
-//! heads, column) summing over the keys in order, value rows streamed
-//! through shared memory with asynchronous copies; the output rope in the
-//! same kernel). Every attend block redoes its heads' softmax (16 blocks
-//! share 8 heads at head_dim 512): cheaper than a third launch. Queries go
-//! in chunks of rows so the scratch stays under [`SCRATCH_BUDGET`].
+//! shared memory, shared by the 12 heads of a block since K = V is one
+//! head, the next chunk loading into registers while one is summed, every
+//! row asked into L2 up front) and `sink_attend` (a block per (8 heads, 32
+//! columns): the softmax of its heads over scores gathered into shared
+//! memory, lane h of one warp summing head h's denominator in key order,
+//! then one thread per (2 heads, column) summing over the keys in order,
+//! value rows streamed through shared memory with asynchronous copies; the
+//! output rope in the same kernel). Every attend block redoes its heads'
+//! softmax (16 blocks share 8 heads at head_dim 512): cheaper than a third
+//! launch. Both kernels run one warp per scheduler at decode sizes (the
+//! dot products and sums are too few to fill more), so their loops read
+//! their operands a step ahead by hand. Queries go in chunks of rows so
+//! the scratch stays under [`SCRATCH_BUDGET`].
 //!
 //! The output rope computes the frequencies (`TailRopeParams::inv_freq`,
 //! f64 `powf`/`ln`) and the angles' f64 `sin_cos` with CUDA's functions
@@ -49,7 +52,7 @@ const SCRATCH_BUDGET: usize = 8 << 20;
 /// Slots and heads per scores block, threads per block of either kernel,
 /// heads and columns per attend block (as in sink_attention.cu).
 const SCORE_SLOTS: usize = 32;
-const SCORE_HEADS: usize = 16;
+const SCORE_HEADS: usize = 12;
 const THREADS: u32 = 128;
 const ATTEND_HEADS: usize = 8;
 const ATTEND_COLS: usize = 32;
