@@ -16,6 +16,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 export WEFT_REQUIRE_CUDA=1 RUST_BACKTRACE=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
+# A PTX cache made beforehand (scripts/cuda/make-ptx-cache.sh) saves the compile.
+mkdir -p /tmp/weft-ptx && cp "$DIR"/ptx/*.ptx /tmp/weft-ptx/ 2>/dev/null || true
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   ldd --version | head -1

@@ -521,7 +521,10 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     /// The CUDA sources compile with NVRTC for sm_90 (needs only the NVRTC
-    /// library, no GPU; skipped where NVRTC is absent, as on CI).
+    /// library, no GPU; skipped where NVRTC is absent, as on CI). With
+    /// `WEFT_CUDA_PTX_CACHE` set it goes through that cache: the file it
+    /// leaves there is the one a GPU machine's first start would compile
+    /// (`scripts/cuda/make-ptx-cache.sh` carries it).
     #[test]
     fn sources_compile_with_nvrtc() {
         // SAFETY: only probes whether the shared library can be opened.
@@ -529,9 +532,7 @@ mod tests {
             eprintln!("skipping: NVRTC (libnvrtc.so) is not installed here");
             return;
         }
-        let opts = super::module::compile_options("sm_90");
-        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(super::module::program_source(), opts)
-        {
+        if let Err(e) = super::module::ptx_for("sm_90") {
             panic!("NVRTC: {e}");
         }
     }

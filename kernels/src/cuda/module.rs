@@ -60,7 +60,7 @@ pub(crate) fn compile_options(arch: &str) -> CompileOptions {
 }
 
 /// PTX per architecture, compiled at most once per process.
-fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
+pub(crate) fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<str>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = cache
