@@ -11,14 +11,8 @@
 # .device/ref/dsv4_tiny. Logs go to $OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/weft-cuda}
-mkdir -p "$OUT"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(ls -d /usr/local/cuda-*/lib64 2>/dev/null); do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export WEFT_REFERENCE_DIR=${WEFT_REFERENCE_DIR:-$PWD/.device/ref} WEFT_REQUIRE_CUDA=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
-# A PTX cache made beforehand (scripts/cuda/make-ptx-cache.sh) saves the compile.
-mkdir -p /tmp/weft-ptx && cp ".device"/ptx/*.ptx /tmp/weft-ptx/ 2>/dev/null || true
+DIR=${WEFT_DEVICE_DIR:-.device}
+. scripts/cuda/device-env.sh
 status=0
 if [ -z "${WEFT_SKIP_FIXTURES:-}" ]; then
   echo "== DeepSeek-V4 fixtures on CUDA vs the reference and the CPU"

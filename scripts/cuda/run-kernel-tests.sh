@@ -7,17 +7,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 DIR=${WEFT_DEVICE_DIR:-.device}
-OUT=${OUT:-/tmp/weft-cuda}
-mkdir -p "$OUT"
-# NVRTC (and its builtins library) from the CUDA toolkit or a pip wheel.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(ls -d /usr/local/cuda-*/lib64 2>/dev/null) \
-         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null); do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export WEFT_REQUIRE_CUDA=1 RUST_BACKTRACE=1 WEFT_CUDA_PTX_CACHE=/tmp/weft-ptx
-# A PTX cache made beforehand (scripts/cuda/make-ptx-cache.sh) saves the compile.
-mkdir -p /tmp/weft-ptx && cp "$DIR"/ptx/*.ptx /tmp/weft-ptx/ 2>/dev/null || true
+. scripts/cuda/device-env.sh
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   ldd --version | head -1
