@@ -67,6 +67,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
+/// Whether kernels are launched with programmatic dependent launch
+/// ([`PDL_ENV`] on and every device loaded so far capable of it); known
+/// once a device's kernels are loaded.
+pub fn pdl_active() -> Result<bool, OpError> {
+    launch::pdl_enabled("launch")
+}
+
 /// Whether CUDA can run here: `Ok` when the driver library loads and at
 /// least one device exists, otherwise the reason in plain words.
 pub fn driver_status() -> Result<(), String> {
@@ -94,6 +101,11 @@ pub struct DeviceTensor {
     /// `CUdeviceptr` of the tensor's first byte (buffer base + tensor offset).
     pub ptr: u64,
     pub tensor: Tensor,
+    /// No node of the command buffer writes any of the tensor's bytes (a
+    /// weight): a kernel may read it before waiting on the kernels launched
+    /// before it (programmatic dependent launch), overlapping their work.
+    /// `false` is always safe.
+    pub constant: bool,
 }
 
 /// The compiled kernels of one CUDA context, plus the tables they read.
