@@ -443,20 +443,6 @@ impl GraphExecutor {
         None
     }
 
-    /// Fork and join edges made programmatic in the CUDA graphs captured so
-    /// far (`WEFT_CUDA_PDL_EDGES`); `None` on other devices.
-    pub fn programmatic_edges(&self) -> Option<u64> {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            return Some(
-                cuda.stats
-                    .programmatic_edges
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            );
-        }
-        None
-    }
-
     /// Time the GPU spent on the command buffers waited for so far (from
     /// an event before and after each launch), `None` on the CPU: set
     /// against wall time, it splits a step into device and host time.

@@ -150,7 +150,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "graph_captures_per_token": tg_graphs.map(|g| g.0 as f64 / a.tg.max(1) as f64),
             "graph_replays_per_token": tg_graphs.map(|g| g.1 as f64 / a.tg.max(1) as f64),
             "eager_command_buffers_per_token": tg_graphs.map(|g| g.2 as f64 / a.tg.max(1) as f64),
-            "graph_programmatic_edges": exec.programmatic_edges(),
             "planned_steps_per_token": tg_counters.map(|c| c.planned_commits as f64 / a.tg.max(1) as f64),
             "tg_device_ms_per_token": split.map(|s| s.0),
             "tg_wall_ms_per_token": split.map(|s| s.1),

@@ -106,7 +106,7 @@ pub(crate) fn note_compute_capability(major: i32) {
 
 /// Whether launches use programmatic dependent launch ([`PDL_ENV`], read
 /// once, and a device that has it).
-pub(crate) fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
+fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
     if !PDL_CAPABLE.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(false);
     }

@@ -67,13 +67,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
-/// Whether kernels are launched with programmatic dependent launch
-/// ([`PDL_ENV`] on and every device loaded so far capable of it); known
-/// once a device's kernels are loaded.
-pub fn pdl_active() -> Result<bool, OpError> {
-    launch::pdl_enabled("launch")
-}
-
 /// Whether CUDA can run here: `Ok` when the driver library loads and at
 /// least one device exists, otherwise the reason in plain words.
 pub fn driver_status() -> Result<(), String> {

@@ -1,7 +1,6 @@
 //! Command buffers on the device: structure signatures, capture into CUDA
 //! graphs with one branch per stream inside a level, and replay.
 
-use super::device_graph::DeviceGraph;
 use super::{driver, CudaBackend, DeviceBuffer};
 use crate::memory::Storage;
 use crate::trace::DeviceSpan;
@@ -11,7 +10,9 @@ use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use weft_kernels::cuda::cudarc::driver::{result, sys, CudaEvent, CudaStream, PinnedHostSlice};
+use weft_kernels::cuda::cudarc::driver::{
+    result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
+};
 use weft_kernels::cuda::DeviceTensor;
 use weft_ops::{Op, OpNode, Tensor};
 
@@ -51,7 +52,7 @@ struct NodeClock {
 
 /// A captured graph and the device memory it reads per replay.
 pub(crate) struct CachedGraph {
-    graph: Mutex<Option<DeviceGraph>>,
+    graph: Mutex<Option<CudaGraph>>,
     step: DeviceBuffer,
     step_offsets: Vec<usize>,
     step_len: usize,
@@ -268,7 +269,7 @@ impl CudaBackend {
                 RuntimeError::Usage("a cached CUDA graph was never captured".into())
             })?;
             let start = self.timing_event()?;
-            g.launch(&self.main).map_err(driver)?;
+            g.launch().map_err(driver)?;
             self.stats.replays.fetch_add(1, Ordering::Relaxed);
             Ok((start, self.launched(&graph)?))
         };
@@ -366,7 +367,7 @@ impl CudaBackend {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map(|g| g.launch(&self.main));
+            .map(CudaGraph::launch);
         match launched {
             Some(r) => {
                 r.map_err(driver)?;
@@ -456,14 +457,10 @@ impl CudaBackend {
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
             let launched = self.launch_levels(cb, &g, host, true);
-            let captured = DeviceGraph::end_capture(&self.main, self.pdl_edges);
+            let captured = self.main.end_capture(sys::CUgraphInstantiate_flags(0));
             drop(launched?);
             drop(staging);
-            let (graph, changed) = captured.map_err(driver)?;
-            self.stats
-                .programmatic_edges
-                .fetch_add(changed as u64, Ordering::Relaxed);
-            *g.graph.lock().unwrap_or_else(|p| p.into_inner()) = graph;
+            *g.graph.lock().unwrap_or_else(|p| p.into_inner()) = captured.map_err(driver)?;
         }
         Ok(g)
     }

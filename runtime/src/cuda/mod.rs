@@ -14,7 +14,6 @@
 //! with `WEFT_CUDA_GRAPHS=0`) the same launches run eagerly, and the
 //! counters say so.
 
-mod device_graph;
 mod graph;
 
 pub(crate) use graph::{CudaCommandBuffer, CudaNode, CudaWork};
@@ -51,8 +50,6 @@ pub(crate) struct GraphStats {
     pub captures: AtomicU64,
     pub replays: AtomicU64,
     pub eager: AtomicU64,
-    /// Fork and join edges made programmatic in captured graphs.
-    pub programmatic_edges: AtomicU64,
 }
 
 /// One device: its context, streams, kernels and captured graphs.
@@ -69,9 +66,6 @@ pub(crate) struct CudaBackend {
     pub use_graphs: bool,
     /// Streams a level's nodes are spread over (at most [`BRANCH_STREAMS`]).
     pub streams: usize,
-    /// Make a level's fork and join edges programmatic in captured graphs
-    /// (`device_graph::PDL_EDGES_ENV`, and programmatic launch on).
-    pub pdl_edges: bool,
     pub stats: GraphStats,
     /// Device time zero of node timings and the host instant it maps to.
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
@@ -125,12 +119,9 @@ impl CudaBackend {
                 )))
             }
         };
-        let pdl_edges = device_graph::pdl_edges_setting().map_err(RuntimeError::Usage)?
-            && weft_kernels::cuda::pdl_active().map_err(|e| RuntimeError::Usage(e.to_string()))?;
         Ok(CudaBackend {
             ctx,
             streams,
-            pdl_edges,
             main,
             branches,
             kernels,
