@@ -134,10 +134,23 @@ fn prepare(g: &Gpu, stream: &Arc<CudaStream>, case: &Case) -> Prepared {
         all.extend(n.inputs.iter().chain(&n.outputs).copied());
     }
     let dev = DevMem::upload(stream, &case.mem, &all);
+    let written: Vec<_> = case
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().map(|t| t.buffer))
+        .collect();
     let mut launches = Vec::new();
     for n in &case.nodes {
         g.kernels.prepare(n, stream).unwrap();
-        let ins = n.inputs.iter().map(|t| dev.tensor(stream, t)).collect();
+        // As a command buffer marks them (DeviceTensor::constant).
+        let ins = n
+            .inputs
+            .iter()
+            .map(|t| DeviceTensor {
+                constant: !written.contains(&t.buffer),
+                ..dev.tensor(stream, t)
+            })
+            .collect();
         let outs = n.outputs.iter().map(|t| dev.tensor(stream, t)).collect();
         let scratch = device_u8(stream, g.kernels.scratch_bytes(n));
         let mut s = g.kernels.step_scalars(n);

@@ -879,6 +879,14 @@ impl<'e> GraphSession<'e> {
         use weft_kernels::cuda::DeviceTensor;
         let mut keep = BTreeMap::new();
         let mut nodes = Vec::with_capacity(cb.order.len());
+        // Buffers some node of this command buffer writes: every other
+        // input is constant while it runs (DeviceTensor::constant).
+        let written: std::collections::HashSet<_> = cb
+            .order
+            .iter()
+            .filter_map(|&i| payloads[i].as_ref())
+            .flat_map(|n| n.outputs.iter().map(|t| t.buffer))
+            .collect();
         for &i in &cb.order {
             let node = payloads[i]
                 .take()
@@ -896,6 +904,7 @@ impl<'e> GraphSession<'e> {
                 Ok(DeviceTensor {
                     ptr: base + t.offset,
                     tensor: *t,
+                    constant: !written.contains(&t.buffer),
                 })
             };
             let mut ins = node

@@ -212,13 +212,14 @@ ROPE_SET_ROWS_ENTRY(bf16, 2)
 // which lie in neighbouring groups of eight threads of one warp), then the
 // value converted into cache row `start` (from the step scalars), exactly
 // as the separate kernels compute them. D: -1 writes the f32 row itself; 0,
-// 1, 2 write an f32, f16, bf16 cache row.
+// 1, 2 write an f32, f16, bf16 cache row. mv_rows32 waits on the kernels
+// before (after its first weight loads when `pre`).
 template <class F, int CH, bool ROPE, int D>
 DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
                           const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
-                          const u32* step) {
+                          const u32* step, int pre) {
     int row;
-    const float s = mv_row32<F, CH>(w, act, m, nb, &row);
+    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre);
     const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
     if ((threadIdx.x & 7) != 0 || row >= m) return;
     float v = s;
@@ -247,14 +248,13 @@ DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, co
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,         \
              const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,              \
-             const u32* step) {                                                                \
-        pdl_sync();                                                                            \
+             const u32* step, int pre) {                                                       \
         if (nb > 24)                                                                           \
             matmul_rows_body<F, 48, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
-                                             dst_row, start, ring, step);                      \
+                                             dst_row, start, ring, step, pre);                 \
         else                                                                                   \
             matmul_rows_body<F, 24, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
-                                             dst_row, start, ring, step);                      \
+                                             dst_row, start, ring, step, pre);                 \
     }
 #define MATMUL_ROWS_FORMAT(FMT, F)                                                             \
     MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope, F, true, -1)                                       \
@@ -273,14 +273,15 @@ MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)
 // block (and of the up projection, UP; else `u` is read), silu(gate) * up
 // per row as silu_mul computes it, and the block's 32 values quantized as
 // one Q8_0 / Q8_1 block (F) exactly as silu_mul+quantize quantizes them.
+// `pre`: both weight matrices (UP) or the gate's are constant (mv_rows32).
 template <class F, bool UP, int OUTF>
 DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m,
-                                int nb) {
+                                int nb, int pre) {
     __shared__ float vals[32];
     int row;
     float s[2];
-    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s);
-    else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row);
+    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s, pre);
+    else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row, pre);
     if ((threadIdx.x & 7) == 0) {
         const float g = s[0];
         const float u = UP ? s[1] : ((const float*)wu_or_u)[row];
@@ -292,9 +293,9 @@ DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, 
 
 #define MATMUL_SILU_ENTRY(NAME, F, UP, OUTF)                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m, int nb) {         \
-        pdl_sync();                                                                            \
-        matmul_silu_quant_body<F, UP, OUTF>(wg, wu_or_u, act, out, m, nb);                     \
+        NAME(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m, int nb,           \
+             int pre) {                                                                        \
+        matmul_silu_quant_body<F, UP, OUTF>(wg, wu_or_u, act, out, m, nb, pre);                \
     }
 #define MATMUL_SILU_FORMAT(FMT, F)                                                             \
     MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0)                                       \

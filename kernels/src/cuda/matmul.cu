@@ -96,9 +96,14 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
 // (w0, and w1 when NW is 2) with the staged activations, into s[0..NW);
 // valid in the first lane of each group of eight. Every matrix's loads are
 // issued before any is used.
+//
+// The caller has not waited on the kernels before it (pdl_sync): this does,
+// after the first round of weight loads when `pre` says no kernel of the
+// command buffer writes the weights (they are then in flight while the
+// previous kernel still runs), before any load otherwise.
 template <class F, int MV_CHUNK, int NW>
 DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int* row_out,
-                   float* s) {
+                   float* s, int pre) {
     extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int k = threadIdx.x & 7;
@@ -119,7 +124,9 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
             }
         }
     };
+    if (!pre) pdl_sync();
     load(0);
+    if (pre) pdl_sync();
     stage_bytes(mm_dyn, act, nb * A::BYTES);
     __syncthreads();
     float acc[NW], summs[NW];
@@ -151,16 +158,16 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
 }
 
 template <class F, int MV_CHUNK>
-DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out) {
+DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out, int pre) {
     float s;
-    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s);
+    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s, pre);
     return s;
 }
 
 template <class F, int MV_CHUNK>
-DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb) {
+DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
     int row;
-    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row);
+    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row, pre);
     if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
@@ -659,25 +666,24 @@ DEV void mm_float_tiny(const u8* w, const u8* act, float* out, int m, int n, int
 }
 
 // ---- entry points ------------------------------------------------------------------
-// (w, act, out, m = weight rows, n = tokens, nb = blocks per row or k)
+// (w, act, out, m = weight rows, n = tokens, nb = blocks per row or k, pre =
+// the weights are constant in this command buffer: see mv_rows32)
 
 #define MM_ENTRY(NAME, BODY)                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME(const u8* w, const u8* act, float* out, int m, int n, int kb) {                   \
+        NAME(const u8* w, const u8* act, float* out, int m, int n, int kb, int pre) {          \
         pdl_sync();                                                                            \
         BODY(w, act, out, m, n, kb);                                                           \
     }
 
 #define MV_ENTRY(NAME, F)                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME(const u8* w, const u8* act, float* out, int m, int n, int nb) {                   \
-        pdl_sync();                                                                            \
-        mv_block32<F, 24>(w, act, out, m, nb);                                                 \
+        NAME(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {          \
+        mv_block32<F, 24>(w, act, out, m, nb, pre);                                            \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME##_long(const u8* w, const u8* act, float* out, int m, int n, int nb) {            \
-        pdl_sync();                                                                            \
-        mv_block32<F, 48>(w, act, out, m, nb);                                                 \
+        NAME##_long(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {   \
+        mv_block32<F, 48>(w, act, out, m, nb, pre);                                            \
     }
 MV_ENTRY(mm_q4_0_t1, FmtQ4_0)
 MV_ENTRY(mm_q4_1_t1, FmtQ4_1)

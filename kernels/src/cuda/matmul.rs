@@ -287,6 +287,7 @@ pub(super) unsafe fn launch_silu(
             Arg::Ptr(out.ptr),
             Arg::I32(m as i32),
             Arg::I32((k / 32) as i32),
+            Arg::I32((wg.constant && (!up || third.constant)) as i32),
         ],
         OP,
     )
@@ -362,6 +363,7 @@ pub(super) unsafe fn launch_rows(
             Arg::U32(write.map_or(0, |w| w.start)),
             Arg::U32(write.and_then(|w| w.ring).unwrap_or(u32::MAX)),
             Arg::Ptr(step),
+            Arg::I32(w.constant as i32),
         ],
         OP,
     )
@@ -550,6 +552,7 @@ pub(super) unsafe fn launch(
             Arg::I32(m as i32),
             Arg::I32(n as i32),
             Arg::I32(kb as i32),
+            Arg::I32(w.constant as i32),
         ],
         OP,
     )

@@ -94,6 +94,11 @@ pub struct DeviceTensor {
     /// `CUdeviceptr` of the tensor's first byte (buffer base + tensor offset).
     pub ptr: u64,
     pub tensor: Tensor,
+    /// No node of the command buffer writes any of the tensor's bytes (a
+    /// weight): a kernel may read it before waiting on the kernels launched
+    /// before it (programmatic dependent launch), overlapping their work.
+    /// `false` is always safe.
+    pub constant: bool,
 }
 
 /// The compiled kernels of one CUDA context, plus the tables they read.

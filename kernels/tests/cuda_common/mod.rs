@@ -149,6 +149,7 @@ impl DevMem {
         DeviceTensor {
             ptr: base + t.offset,
             tensor: *t,
+            constant: false,
         }
     }
 
@@ -186,7 +187,16 @@ pub fn run_gpu_with(
     g.kernels.prepare(node, &stream).expect("prepare");
     let all: Vec<Tensor> = node.inputs.iter().chain(&node.outputs).copied().collect();
     let dev = DevMem::upload(&stream, mem, &all);
-    let ins: Vec<DeviceTensor> = node.inputs.iter().map(|t| dev.tensor(&stream, t)).collect();
+    // Inputs the node does not write are constant: kernels that read those
+    // before waiting (DeviceTensor::constant) are tested that way.
+    let ins: Vec<DeviceTensor> = node
+        .inputs
+        .iter()
+        .map(|t| DeviceTensor {
+            constant: node.outputs.iter().all(|o| o.buffer != t.buffer),
+            ..dev.tensor(&stream, t)
+        })
+        .collect();
     let outs: Vec<DeviceTensor> = node
         .outputs
         .iter()
