@@ -98,16 +98,21 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
     quant_row_warp<F>(val, out + (size_t)r * act_row_bytes(F, cols), cols);
 }
 
+// The norm's weights are asked of L2 before the wait (by the first row's
+// block; the others find them there): the quantization reads them last,
+// after the sum, when a miss would cost a memory latency.
 #define NORM_QUANT_ENTRIES(SUFFIX, F)                                                          \
     extern "C" __global__ void __launch_bounds__(32) rms_norm_quant_##SUFFIX(                  \
         const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
         int method) {                                                                          \
+        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
         pdl_sync();                                                                            \
         norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
         int cols, float eps, int broadcast, int staged, int method) {                          \
+        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
         pdl_sync();                                                                            \
         norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
                                  method);                                                      \
