@@ -717,6 +717,70 @@ fn matmul_rows_bit_exact() {
     }
 }
 
+/// Decode matvecs of one activation row in one launch (a layer's q, k and
+/// v): every node's output bit for bit the CPU's, for rope-only, rope and
+/// cache write, cache write only (a ring) and plain nodes, groups of two and
+/// three, short and long rows.
+#[test]
+fn grouped_decode_matvecs_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(41);
+    for wdtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
+        for k in [576, 1536] {
+            let adtype = vec_dot_type(wdtype);
+            let mut mem = HostMemory::default();
+            let act = rng.rows(1, k);
+            let x = mem
+                .tensor(adtype, &[1, k], &quantized(adtype, &act))
+                .unwrap();
+            let pos = mem
+                .tensor(DType::I32, &[1], bytemuck::cast_slice(&[21i32]))
+                .unwrap();
+            let rope = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
+            let mut cache = |mem: &mut HostMemory, d: DType, m: usize| {
+                let c = mem.zeros(d, &[24, m]).unwrap();
+                mem.set_f32(&c, &rng.vec(24 * m, 1.0)).unwrap();
+                c
+            };
+            let (kc, vc) = (
+                cache(&mut mem, DType::F16, 192),
+                cache(&mut mem, DType::BF16, 192),
+            );
+            let wq = weights(&mut rng, &mut mem, wdtype, 576, k);
+            let wk = weights(&mut rng, &mut mem, wdtype, 192, k);
+            let wv = weights(&mut rng, &mut mem, wdtype, 192, k);
+            let wp = weights(&mut rng, &mut mem, wdtype, 40, k);
+            let q = mem.zeros(DType::F32, &[1, 576]).unwrap();
+            let p = mem.zeros(DType::F32, &[1, 40]).unwrap();
+            let rows = |rope, write, ins, out| node(Op::MatMulRows { rope, write }, ins, vec![out]);
+            let write = |start, ring| Some(weft_ops::RowsWrite { start, ring });
+            let qn = rows(Some(rope), None, vec![x, wq, pos], q);
+            let kn = rows(Some(rope), write(21, None), vec![x, wk, pos], kc);
+            let vn = rows(None, write(30, Some(16)), vec![x, wv], vc);
+            let pn = node(Op::MatMul, vec![x, wp], vec![p]);
+            for group in [
+                vec![qn.clone(), kn.clone(), vn.clone()],
+                vec![vn.clone(), pn.clone()],
+                vec![pn, kn, qn],
+            ] {
+                for n in &group {
+                    poison_outputs(n, &mut mem);
+                }
+                let got = run_gpu_group(g, &group, &mem);
+                for (n, got) in group.iter().zip(&got) {
+                    let want = run_cpu(n, &mem).remove(0);
+                    let what = format!(
+                        "{} {wdtype} k={k} in a group of {}",
+                        n.op.name(),
+                        group.len()
+                    );
+                    assert_same(&what, n.outputs[0].dtype, got, &want);
+                }
+            }
+        }
+    }
+}
+
 /// The feed-forward's middle fused: gate projection (and up projection),
 /// silu_mul and quantize, bit for bit with the CPU's chain; short and long
 /// rows (two rounds of weight loads).

@@ -137,9 +137,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     const int tid = threadIdx.x, nt = blockDim.x;
     const int h = blockIdx.x, t = a.row_offset + blockIdx.y;
     const int kvh = h / (a.heads / a.kv_heads);
-    // The query first: it does not wait for the step scalars.
-    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
-    for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
+    // The step scalars are the host's, copied before the launch: read
+    // before waiting on the kernels before this one.
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     const u32 end = qpos + (u32)a.n, pos = qpos + (u32)t;
@@ -162,6 +161,21 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     auto lo_of = [&](int p) { return p ? lo1 : lo0; };
     auto hi_of = [&](int p) { return p ? hi1 : hi0; };
     const size_t kvoff = (size_t)kvh * D;
+    // The first pass's key and value rows asked of L2 (a hint: the rows
+    // this step's kernels write may be among them), then the wait, then
+    // the query (the first query row's blocks: the others share the rows).
+    for (int idx = tid; blockIdx.y == 0 && idx < 2 * CH; idx += nt) {
+        const int p = idx >= CH ? 1 : 0;
+        const u32 c = lo_of(p) + (u32)(idx - p * CH);
+        if (p < parts && c < hi_of(p)) {
+            const size_t row = (size_t)c * a.kv_stride + kvoff;
+            prefetch_l2(kc + row * esz_k, (size_t)D * esz_k, 0, 1);
+            prefetch_l2(vc + row * esz_v, (size_t)D * esz_v, 0, 1);
+        }
+    }
+    pdl_sync();
+    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
+    for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
     const int cp = tid / D, cd = tid % D;  // chain thread: part, dimension
     const bool chain = cp < parts;
     float acc = 0.0f, ssum = 0.0f;
@@ -361,8 +375,7 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     extern "C" __global__ void __launch_bounds__(512)                                          \
         NAME(const float* q, const u8* k, const u8* v, void* out, AttnArgs a,                  \
              const u32* step) {                                                                \
-        pdl_sync();                                                                            \
-        attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step);                                \
+        attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step); /* waits inside */             \
     }
 ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true, -1)
 ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false, -1)

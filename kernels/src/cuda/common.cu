@@ -36,6 +36,17 @@ DEV void pdl_sync() {
 #endif
 }
 
+// Asks the L2 cache for the lines of [p, p + bytes), this thread's share of
+// them when `nt` threads (numbered `t`) share the range. A hint, not a
+// read: nothing comes into registers, so it may run before pdl_sync on
+// memory the kernels before are still writing (L2 is where their writes
+// land). Kernels issue it for what they will read once they have waited.
+DEV void prefetch_l2(const void* p, size_t bytes, int t, int nt) {
+    const size_t first = (size_t)p & ~(size_t)127, end = (size_t)p + bytes;
+    for (size_t a = first + (size_t)t * 128; a < end; a += (size_t)nt * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
 // ---- f16 / bf16 conversions ----------------------------------------------
 
 DEV float h2f(u16 h) {

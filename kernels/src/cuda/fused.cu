@@ -98,16 +98,21 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
     quant_row_warp<F>(val, out + (size_t)r * act_row_bytes(F, cols), cols);
 }
 
+// The norm's weights are asked of L2 before the wait (by the first row's
+// block; the others find them there): the quantization reads them last,
+// after the sum, when a miss would cost a memory latency.
 #define NORM_QUANT_ENTRIES(SUFFIX, F)                                                          \
     extern "C" __global__ void __launch_bounds__(32) rms_norm_quant_##SUFFIX(                  \
         const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
         int method) {                                                                          \
+        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
         pdl_sync();                                                                            \
         norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
         int cols, float eps, int broadcast, int staged, int method) {                          \
+        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
         pdl_sync();                                                                            \
         norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
                                  method);                                                      \
@@ -217,9 +222,9 @@ ROPE_SET_ROWS_ENTRY(bf16, 2)
 template <class F, int CH, bool ROPE, int D>
 DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
                           const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
-                          const u32* step, int pre) {
+                          const u32* step, int pre, int blk) {
     int row;
-    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre);
+    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
     const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
     if ((threadIdx.x & 7) != 0 || row >= m) return;
     float v = s;
@@ -244,30 +249,58 @@ DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, co
     }
 }
 
-#define MATMUL_ROWS_ENTRY(NAME, F, ROPE, D)                                                    \
-    extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,         \
-             const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,              \
-             const u32* step, int pre) {                                                       \
-        if (nb > 24)                                                                           \
-            matmul_rows_body<F, 48, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
-                                             dst_row, start, ring, step, pre);                 \
-        else                                                                                   \
-            matmul_rows_body<F, 24, ROPE, D>(w, act, out, m, nb, positions, table, ra,         \
-                                             dst_row, start, ring, step, pre);                 \
+// Decode matvecs of one activation row grouped into one launch (the q, k
+// and v projections of a layer): each segment is one node, computed by the
+// kernel that node would launch alone (matmul_rows_body; a plain matmul is
+// mode 0), on blocks [first_block, next segment's first_block). Mode: 4 *
+// rope + (D + 1), D as in matmul_rows_body. Mirrors `RowsSeg` in matmul.rs.
+struct RowsSeg {
+    const u8* w;
+    u8* out;
+    const i32* positions;
+    const float2* table;
+    const u32* step;
+    u64 dst_row;
+    RopeArgs ra;
+    u32 start, ring;
+    int m, first_block, mode, pre;
+};
+
+template <class F, int CH>
+DEV void rows_group_body(const u8* act, int nb, const RowsSeg& s, int blk) {
+#define ROWS_GROUP_CASE(MODE, ROPE, D)                                                         \
+    case MODE:                                                                                 \
+        matmul_rows_body<F, CH, ROPE, D>(s.w, act, s.out, s.m, nb, s.positions, s.table, s.ra, \
+                                         s.dst_row, s.start, s.ring, s.step, s.pre, blk);      \
+        break;
+    switch (s.mode) {
+        ROWS_GROUP_CASE(0, false, -1)
+        ROWS_GROUP_CASE(1, false, 0)
+        ROWS_GROUP_CASE(2, false, 1)
+        ROWS_GROUP_CASE(3, false, 2)
+        ROWS_GROUP_CASE(4, true, -1)
+        ROWS_GROUP_CASE(5, true, 0)
+        ROWS_GROUP_CASE(6, true, 1)
+        ROWS_GROUP_CASE(7, true, 2)
     }
-#define MATMUL_ROWS_FORMAT(FMT, F)                                                             \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope, F, true, -1)                                       \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_f32, F, false, 0)                                    \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_f16, F, false, 1)                                    \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_set_bf16, F, false, 2)                                   \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_f32, F, true, 0)                                \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_f16, F, true, 1)                                \
-    MATMUL_ROWS_ENTRY(mm_rows_##FMT##_rope_set_bf16, F, true, 2)
-MATMUL_ROWS_FORMAT(q4_0, FmtQ4_0)
-MATMUL_ROWS_FORMAT(q4_1, FmtQ4_1)
-MATMUL_ROWS_FORMAT(q5_0, FmtQ5_0)
-MATMUL_ROWS_FORMAT(q8_0, FmtQ8_0)
+#undef ROWS_GROUP_CASE
+}
+
+#define ROWS_GROUP_ENTRY(FMT, F)                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        mm_rows_group_##FMT(const u8* act, int nb, int segs, RowsSeg s0, RowsSeg s1,           \
+                            RowsSeg s2) {                                                      \
+        const int b = blockIdx.x;                                                              \
+        const RowsSeg& s = segs > 2 && b >= s2.first_block   ? s2                              \
+                           : segs > 1 && b >= s1.first_block ? s1                              \
+                                                             : s0;                             \
+        if (nb > 24) rows_group_body<F, 48>(act, nb, s, b - s.first_block);                    \
+        else rows_group_body<F, 24>(act, nb, s, b - s.first_block);                            \
+    }
+ROWS_GROUP_ENTRY(q4_0, FmtQ4_0)
+ROWS_GROUP_ENTRY(q4_1, FmtQ4_1)
+ROWS_GROUP_ENTRY(q5_0, FmtQ5_0)
+ROWS_GROUP_ENTRY(q8_0, FmtQ8_0)
 
 // The feed-forward's middle, fused: 32 rows of the gate projection per
 // block (and of the up projection, UP; else `u` is read), silu(gate) * up
@@ -280,8 +313,8 @@ DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, 
     __shared__ float vals[32];
     int row;
     float s[2];
-    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s, pre);
-    else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row, pre);
+    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s, pre, blockIdx.x);
+    else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row, pre, blockIdx.x);
     if ((threadIdx.x & 7) == 0) {
         const float g = s[0];
         const float u = UP ? s[1] : ((const float*)wu_or_u)[row];

@@ -16,6 +16,7 @@ pub(crate) enum Arg {
     F32(f32),
     Attn(super::attention::AttnArgs),
     Rope(super::rope::RopeArgs),
+    Seg(super::matmul::RowsSeg),
 }
 
 /// Threads per block of the one-element-per-thread kernels.
@@ -145,6 +146,7 @@ pub(crate) unsafe fn launch(
             Arg::F32(v) => v as *const f32 as *mut c_void,
             Arg::Attn(v) => v as *const super::attention::AttnArgs as *mut c_void,
             Arg::Rope(v) => v as *const super::rope::RopeArgs as *mut c_void,
+            Arg::Seg(v) => v as *const super::matmul::RowsSeg as *mut c_void,
         })
         .collect();
     // Programmatic dependent launch, when on: the only launch attribute.

@@ -97,17 +97,19 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
 // valid in the first lane of each group of eight. Every matrix's loads are
 // issued before any is used.
 //
-// The caller has not waited on the kernels before it (pdl_sync): this does,
+// `blk` is the block's index among the matrix's blocks (blockIdx.x, or
+// less in a grouped launch). The caller has not waited on the kernels
+// before it (pdl_sync): this does,
 // after the first round of weight loads when `pre` says no kernel of the
 // command buffer writes the weights (they are then in flight while the
 // previous kernel still runs), before any load otherwise.
 template <class F, int MV_CHUNK, int NW>
 DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int* row_out,
-                   float* s, int pre) {
+                   float* s, int pre, int blk) {
     extern __shared__ u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int k = threadIdx.x & 7;
-    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int row = blk * (blockDim.x / 8) + (threadIdx.x >> 3);
     const int r = min(row, m - 1);
     const u8* wrow[2] = {w0 + (size_t)r * nb * F::BYTES, NW > 1 ? w1 + (size_t)r * nb * F::BYTES : 0};
     u32 wq[NW][MV_CHUNK];
@@ -158,16 +160,16 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
 }
 
 template <class F, int MV_CHUNK>
-DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out, int pre) {
+DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out, int pre, int blk) {
     float s;
-    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s, pre);
+    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s, pre, blk);
     return s;
 }
 
 template <class F, int MV_CHUNK>
 DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
     int row;
-    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row, pre);
+    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row, pre, blockIdx.x);
     if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 

@@ -10,39 +10,56 @@ use cudarc::driver::CudaStream;
 use weft_ops::quant::vec_dot_type;
 use weft_ops::{DType, OpError, OpNode, Tensor};
 
-/// Decode matvecs with their rows' consumer fused (`matmul_rows` in
-/// fused.cu): rope (`_rope`), a cache write (`_set_{f32,f16,bf16}`), or
-/// both, for each 32-element weight format, short and long rows.
-pub(super) const ROWS_KERNELS: &[&str] = &[
-    "mm_rows_q4_0_rope",
-    "mm_rows_q4_1_rope",
-    "mm_rows_q5_0_rope",
-    "mm_rows_q8_0_rope",
-    "mm_rows_q4_0_set_f32",
-    "mm_rows_q4_1_set_f32",
-    "mm_rows_q5_0_set_f32",
-    "mm_rows_q8_0_set_f32",
-    "mm_rows_q4_0_set_f16",
-    "mm_rows_q4_1_set_f16",
-    "mm_rows_q5_0_set_f16",
-    "mm_rows_q8_0_set_f16",
-    "mm_rows_q4_0_set_bf16",
-    "mm_rows_q4_1_set_bf16",
-    "mm_rows_q5_0_set_bf16",
-    "mm_rows_q8_0_set_bf16",
-    "mm_rows_q4_0_rope_set_f32",
-    "mm_rows_q4_1_rope_set_f32",
-    "mm_rows_q5_0_rope_set_f32",
-    "mm_rows_q8_0_rope_set_f32",
-    "mm_rows_q4_0_rope_set_f16",
-    "mm_rows_q4_1_rope_set_f16",
-    "mm_rows_q5_0_rope_set_f16",
-    "mm_rows_q8_0_rope_set_f16",
-    "mm_rows_q4_0_rope_set_bf16",
-    "mm_rows_q4_1_rope_set_bf16",
-    "mm_rows_q5_0_rope_set_bf16",
-    "mm_rows_q8_0_rope_set_bf16",
+/// Decode matvecs of one activation row, each with its rows' consumer
+/// fused or not (`mm_rows_group_*` in fused.cu): a rope, a cache write, both
+/// (`matmul_rows` nodes) or neither (a plain decode matmul), up to
+/// [`GROUP_MAX`] nodes in one launch, one kernel per 32-element weight
+/// format. A layer's q, k and v projections read the same normed row: one
+/// launch of their blocks replaces a fork into three branches and the join
+/// after them.
+pub(super) const GROUP_KERNELS: &[&str] = &[
+    "mm_rows_group_q4_0",
+    "mm_rows_group_q4_1",
+    "mm_rows_group_q5_0",
+    "mm_rows_group_q8_0",
 ];
+
+/// Nodes one grouped launch takes at most (fused.cu's `s0`..`s2`).
+pub const GROUP_MAX: usize = 3;
+
+/// One node of a grouped launch (fused.cu's `RowsSeg`, field for field).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowsSeg {
+    w: u64,
+    out: u64,
+    positions: u64,
+    table: u64,
+    step: u64,
+    dst_row: u64,
+    ra: super::rope::RopeArgs,
+    start: u32,
+    ring: u32,
+    m: i32,
+    first_block: i32,
+    mode: i32,
+    pre: i32,
+}
+const _: () = assert!(std::mem::size_of::<RowsSeg>() == 120);
+
+/// A node of a grouped launch: a `matmul_rows` node's rope and cache write
+/// (both `None` for a plain decode matmul), its tensors and step scalars.
+pub struct GroupMember<'a> {
+    pub rope: Option<&'a weft_ops::RopeParams>,
+    pub write: Option<weft_ops::RowsWrite>,
+    pub ins: &'a [DeviceTensor],
+    pub outs: &'a [DeviceTensor],
+    pub step: u64,
+}
+
+/// What nodes launched together share: the activation row's address, the
+/// weights' format and their columns.
+pub type GroupKey = (u64, DType, usize);
 
 /// The feed-forward's middle fused (`matmul_silu_quant_body` in fused.cu):
 /// the gate projection (and the up projection, `gate_up`), silu_mul and
@@ -293,77 +310,121 @@ pub(super) unsafe fn launch_silu(
     )
 }
 
-/// Launches a fused decode matmul (`supports_rows`).
+/// The key a node shares with the nodes it may be launched with
+/// ([`launch_group`]): `matmul_rows` nodes, and decode matmuls whose
+/// activation row is already in the weights' dot type (32-element formats).
+pub(super) fn group_key(node: &OpNode, ins: &[DeviceTensor]) -> Option<GroupKey> {
+    let (x, w) = (ins.first()?, ins.get(1)?);
+    match node.op {
+        weft_ops::Op::MatMulRows { .. } => {}
+        weft_ops::Op::MatMul if decode_operands("matmul", &x.tensor, &w.tensor).is_ok() => {}
+        _ => return None,
+    }
+    Some((x.ptr, w.tensor.dtype, w.tensor.cols()))
+}
+
+/// Launches up to [`GROUP_MAX`] decode matvecs of one activation row (equal
+/// [`group_key`]s) as one kernel: each node's rows on its own blocks,
+/// computed as that node alone computes them.
 ///
 /// # Safety
-/// See [`CudaKernels::launch`].
-pub(super) unsafe fn launch_rows(
+/// See [`CudaKernels::launch`], for every member.
+pub(super) unsafe fn launch_group(
     kernels: &CudaKernels,
     stream: &CudaStream,
-    rope: Option<&weft_ops::RopeParams>,
-    write: Option<weft_ops::RowsWrite>,
-    ins: &[DeviceTensor],
-    outs: &[DeviceTensor],
-    step: u64,
+    members: &[GroupMember],
 ) -> Result<(), OpError> {
     const OP: &str = "matmul_rows";
-    let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
-    let (k, m) = (w.tensor.cols(), w.tensor.rows());
-    check_aligned(OP, w, natural_alignment(w.tensor.dtype))?;
+    if members.is_empty() || members.len() > GROUP_MAX {
+        return Err(bad_call(
+            OP,
+            format!("{} nodes in one launch (1 to {GROUP_MAX})", members.len()),
+        ));
+    }
+    let (x, w0) = (&members[0].ins[0], &members[0].ins[1]);
+    let (k, wdtype) = (w0.tensor.cols(), w0.tensor.dtype);
+    let fmt = block32_name(OP, wdtype)?;
     check_aligned(OP, x, natural_alignment(x.tensor.dtype))?;
-    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let fmt = block32_name(OP, w.tensor.dtype)?;
-    let (positions, table, rope_args) = match rope {
-        Some(p) => {
-            let (table, len) = kernels.rope_table(p).ok_or_else(|| {
-                bad_call(
-                    OP,
-                    "the rope table for these parameters is not prepared: call prepare() first"
-                        .into(),
-                )
-            })?;
-            let pos = ins
-                .get(2)
-                .ok_or_else(|| bad_call(OP, "a rope needs its positions input".into()))?;
-            (pos.ptr, table, super::rope::rope_args(p, 1, m, len))
+    let mut segs = [RowsSeg::default(); GROUP_MAX];
+    let mut blocks = 0usize;
+    for (seg, mb) in segs.iter_mut().zip(members) {
+        if mb.ins.len() < 2 || mb.outs.is_empty() {
+            return Err(bad_call(OP, "a member without its operands".into()));
         }
-        None => (0, 0, super::rope::RopeArgs::default()),
-    };
-    let dst = match out.tensor.dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        _ => "bf16",
-    };
-    let name = match (rope.is_some(), write.is_some()) {
-        (true, false) => format!("mm_rows_{fmt}_rope"),
-        (false, true) => format!("mm_rows_{fmt}_set_{dst}"),
-        (true, true) => format!("mm_rows_{fmt}_rope_set_{dst}"),
-        (false, false) => return Err(bad_call(OP, "neither a rope nor a cache write".into())),
-    };
-    let act_row = vec_dot_type(w.tensor.dtype).row_bytes(k).unwrap_or(0);
+        let (w, out) = (&mb.ins[1], &mb.outs[0]);
+        if mb.ins[0].ptr != x.ptr || w.tensor.dtype != wdtype || w.tensor.cols() != k {
+            return Err(bad_call(
+                OP,
+                "grouped nodes must share the activation row and the weights' format and columns"
+                    .into(),
+            ));
+        }
+        decode_operands(OP, &mb.ins[0].tensor, &w.tensor)?;
+        check_aligned(OP, w, natural_alignment(wdtype))?;
+        check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+        let m = w.tensor.rows();
+        let (positions, table, ra) = match mb.rope {
+            Some(p) => {
+                let (table, len) = kernels.rope_table(p).ok_or_else(|| {
+                    bad_call(
+                        OP,
+                        "the rope table for these parameters is not prepared: call prepare() first"
+                            .into(),
+                    )
+                })?;
+                let pos = mb
+                    .ins
+                    .get(2)
+                    .ok_or_else(|| bad_call(OP, "a rope needs its positions input".into()))?;
+                (pos.ptr, table, super::rope::rope_args(p, 1, m, len))
+            }
+            None => (0, 0, super::rope::RopeArgs::default()),
+        };
+        // fused.cu's mode: 4 * rope + (D + 1), D = -1 for the f32 row itself.
+        let d = match (mb.write, out.tensor.dtype) {
+            (None, DType::F32) => 0,
+            (None, other) => {
+                return Err(bad_call(
+                    OP,
+                    format!("a {other} output without a cache write"),
+                ))
+            }
+            (Some(_), DType::F32) => 1,
+            (Some(_), DType::F16) => 2,
+            (Some(_), _) => 3,
+        };
+        *seg = RowsSeg {
+            w: w.ptr,
+            out: out.ptr,
+            positions,
+            table,
+            step: mb.step,
+            dst_row: out.tensor.row_bytes() as u64,
+            ra,
+            start: mb.write.map_or(0, |w| w.start),
+            ring: mb.write.and_then(|w| w.ring).unwrap_or(u32::MAX),
+            m: m as i32,
+            first_block: blocks as i32,
+            mode: 4 * mb.rope.is_some() as i32 + d,
+            pre: w.constant as i32,
+        };
+        blocks += m.div_ceil(MV_ROWS_PER_BLOCK);
+    }
+    let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
     check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
-    let nb = k / 32;
-    let rows = MV_ROWS_PER_BLOCK;
     enqueue(
         stream,
-        kernels.fns.get(OP, &name)?,
-        (m.div_ceil(rows) as u32, 1, 1),
-        8 * rows as u32,
+        kernels.fns.get(OP, &format!("mm_rows_group_{fmt}"))?,
+        (blocks as u32, 1, 1),
+        8 * MV_ROWS_PER_BLOCK as u32,
         act_row as u32,
         &[
-            Arg::Ptr(w.ptr),
             Arg::Ptr(x.ptr),
-            Arg::Ptr(out.ptr),
-            Arg::I32(m as i32),
-            Arg::I32(nb as i32),
-            Arg::Ptr(positions),
-            Arg::Ptr(table),
-            Arg::Rope(rope_args),
-            Arg::U64(out.tensor.row_bytes() as u64),
-            Arg::U32(write.map_or(0, |w| w.start)),
-            Arg::U32(write.and_then(|w| w.ring).unwrap_or(u32::MAX)),
-            Arg::Ptr(step),
-            Arg::I32(w.constant as i32),
+            Arg::I32((k / 32) as i32),
+            Arg::I32(members.len() as i32),
+            Arg::Seg(segs[0]),
+            Arg::Seg(segs[1]),
+            Arg::Seg(segs[2]),
         ],
         OP,
     )

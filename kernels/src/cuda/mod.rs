@@ -56,6 +56,7 @@ mod tail_rope;
 
 pub use cudarc;
 pub use launch::{ATTN_STAGING_ENV, F64_SUM_ENV, PDL_ENV};
+pub use matmul::{GroupKey, GroupMember, GROUP_MAX};
 pub use module::PTX_CACHE_ENV;
 pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
@@ -121,7 +122,7 @@ impl CudaKernels {
             elementwise::KERNELS,
             fused::KERNELS,
             matmul::KERNELS,
-            matmul::ROWS_KERNELS,
+            matmul::GROUP_KERNELS,
             matmul::SILU_KERNELS,
             norm::KERNELS,
             rope::KERNELS,
@@ -139,7 +140,7 @@ impl CudaKernels {
             .max(48 * 1024) as usize;
         for &name in matmul::LARGE_SHARED
             .iter()
-            .chain(matmul::ROWS_KERNELS)
+            .chain(matmul::GROUP_KERNELS)
             .chain(attention::LARGE_SHARED)
         {
             // Static and dynamic shared memory together stay within the limit.
@@ -384,7 +385,14 @@ impl CudaKernels {
             Op::QuantizeRows => rows::quantize(self, s, ins, outs),
             Op::MatMul => matmul::launch(self, s, node, ins, outs, scratch),
             Op::MatMulRows { rope, write } => {
-                matmul::launch_rows(self, s, rope.as_ref(), *write, ins, outs, step)
+                let member = GroupMember {
+                    rope: rope.as_ref(),
+                    write: *write,
+                    ins,
+                    outs,
+                    step,
+                };
+                matmul::launch_group(self, s, &[member])
             }
             Op::MatMulSiluQuantize { up } => matmul::launch_silu(self, s, *up, ins, outs),
             Op::RmsNorm { eps } => norm::rms_norm(self, s, ins, outs, *eps),
@@ -411,6 +419,27 @@ impl CudaKernels {
             op if dsv4::owns(op) => dsv4::launch(self, s, node, ins, outs, scratch, step),
             other => Err(launch::unsupported(other.name(), "this op".into())),
         }
+    }
+
+    /// Decode matvecs that may share one launch ([`launch_group`](Self::launch_group))
+    /// have equal keys; `None` for a node that never does (any op but
+    /// `matmul_rows` and a decode matmul of quantized activations).
+    pub fn group_key(&self, node: &OpNode, ins: &[DeviceTensor]) -> Option<GroupKey> {
+        matmul::group_key(node, ins)
+    }
+
+    /// Launches up to [`GROUP_MAX`] nodes of equal [`group_key`](Self::group_key)
+    /// as one kernel, each computed exactly as its own launch computes it.
+    /// Needs no scratch.
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch), for every member.
+    pub unsafe fn launch_group(
+        &self,
+        stream: &Arc<CudaStream>,
+        members: &[GroupMember],
+    ) -> Result<(), OpError> {
+        matmul::launch_group(self, stream, members)
     }
 }
 

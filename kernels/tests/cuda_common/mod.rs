@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use weft_kernels::cpu::{self, HostTensor};
 use weft_kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use weft_kernels::cuda::{self, CudaKernels, DeviceTensor};
+use weft_kernels::cuda::{self, CudaKernels, DeviceTensor, GroupMember};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, OpNode, Tensor};
 
@@ -232,6 +232,89 @@ pub fn run_gpu_with(
     }
     stream.synchronize().expect("kernel execution");
     node.outputs.iter().map(|t| dev.read(&stream, t)).collect()
+}
+
+/// Runs `nodes` as one grouped launch (`CudaKernels::launch_group`) over a
+/// device copy of `mem`; returns each node's output bytes. Without a GPU,
+/// each node on the CPU.
+pub fn run_gpu_group(g: Option<&Gpu>, nodes: &[OpNode], mem: &HostMemory) -> Vec<Vec<u8>> {
+    let Some(g) = g else {
+        return nodes.iter().map(|n| run_cpu(n, mem).remove(0)).collect();
+    };
+    let stream = g.stream();
+    let mut all = Vec::new();
+    for n in nodes {
+        g.kernels.supports(n).expect("supports");
+        g.kernels.prepare(n, &stream).expect("prepare");
+        assert_eq!(
+            g.kernels.scratch_bytes(n),
+            0,
+            "grouped nodes need no scratch"
+        );
+        all.extend(n.inputs.iter().chain(&n.outputs).copied());
+    }
+    let dev = DevMem::upload(&stream, mem, &all);
+    let written: Vec<_> = nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().map(|t| t.buffer))
+        .collect();
+    let resolved: Vec<(Vec<DeviceTensor>, Vec<DeviceTensor>)> = nodes
+        .iter()
+        .map(|n| {
+            let ins = n
+                .inputs
+                .iter()
+                .map(|t| DeviceTensor {
+                    constant: !written.contains(&t.buffer),
+                    ..dev.tensor(&stream, t)
+                })
+                .collect();
+            let outs = n.outputs.iter().map(|t| dev.tensor(&stream, t)).collect();
+            (ins, outs)
+        })
+        .collect();
+    let steps: Vec<CudaSlice<u32>> = nodes
+        .iter()
+        .map(|n| {
+            let mut s = g.kernels.step_scalars(n);
+            s.push(0);
+            stream.clone_htod(&s).expect("step")
+        })
+        .collect();
+    let members: Vec<GroupMember> = nodes
+        .iter()
+        .zip(&resolved)
+        .zip(&steps)
+        .map(|((n, (ins, outs)), step)| {
+            let (rope, write) = match &n.op {
+                weft_ops::Op::MatMulRows { rope, write } => (rope.as_ref(), *write),
+                _ => (None, None),
+            };
+            assert!(
+                g.kernels.group_key(n, ins).is_some(),
+                "{} is not groupable",
+                n.op.name()
+            );
+            GroupMember {
+                rope,
+                write,
+                ins,
+                outs,
+                step: if g.kernels.step_scalars(n).is_empty() {
+                    0
+                } else {
+                    ptr_of(&stream, step)
+                },
+            }
+        })
+        .collect();
+    // SAFETY: every tensor lies inside its uploaded buffer.
+    unsafe { g.kernels.launch_group(&stream, &members) }.expect("launch");
+    stream.synchronize().expect("kernel execution");
+    nodes
+        .iter()
+        .map(|n| dev.read(&stream, &n.outputs[0]))
+        .collect()
 }
 
 pub fn run_gpu(g: Option<&Gpu>, node: &OpNode, mem: &HostMemory) -> Vec<Vec<u8>> {

@@ -542,7 +542,20 @@ impl CudaBackend {
             mark(&clock.origin, &self.main, capturing)?;
         }
         for level in &cb.levels {
-            let width = level.len().min(self.streams);
+            // Scratch in node order, as `build` sized it.
+            let scratch_at: Vec<u64> = level
+                .clone()
+                .map(|i| {
+                    let at = scratch;
+                    scratch += self
+                        .kernels
+                        .scratch_bytes(&cb.nodes[i].node)
+                        .next_multiple_of(256) as u64;
+                    at
+                })
+                .collect();
+            let launches = self.level_launches(cb, level.clone(), self.group && g.clock.is_none());
+            let width = launches.len().min(self.streams);
             if width > 1 {
                 let fork = self.main.record_event(None).map_err(driver)?;
                 for s in &self.branches[..width - 1] {
@@ -550,28 +563,32 @@ impl CudaBackend {
                 }
                 events.push(fork);
             }
-            for (k, i) in level.clone().enumerate() {
+            for (k, members) in launches.iter().enumerate() {
                 let stream: &Arc<CudaStream> = if k % width == 0 {
                     &self.main
                 } else {
                     &self.branches[k % width - 1]
                 };
-                let n = &cb.nodes[i];
-                let step = g.step.ptr + 4 * g.step_offsets[i] as u64;
-                let node_scratch = scratch;
-                scratch += self.kernels.scratch_bytes(&n.node).next_multiple_of(256) as u64;
-                if let Some(clock) = &g.clock {
-                    mark(&clock.marks[i].0, stream, capturing)?;
-                }
-                self.launch_node(
-                    stream,
-                    n,
-                    g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
-                    node_scratch,
-                    step,
-                )?;
-                if let Some(clock) = &g.clock {
-                    mark(&clock.marks[i].1, stream, capturing)?;
+                let step = |i: usize| g.step.ptr + 4 * g.step_offsets[i] as u64;
+                if let [i, ..] = members[..] {
+                    if members.len() > 1 {
+                        self.launch_group(stream, cb, members, step)?;
+                        continue;
+                    }
+                    let n = &cb.nodes[i];
+                    if let Some(clock) = &g.clock {
+                        mark(&clock.marks[i].0, stream, capturing)?;
+                    }
+                    self.launch_node(
+                        stream,
+                        n,
+                        g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
+                        scratch_at[i - level.start],
+                        step(i),
+                    )?;
+                    if let Some(clock) = &g.clock {
+                        mark(&clock.marks[i].1, stream, capturing)?;
+                    }
                 }
             }
             if width > 1 {
@@ -583,6 +600,81 @@ impl CudaBackend {
             }
         }
         Ok(events)
+    }
+
+    /// The launches of one level, in the order of their first nodes:
+    /// decode matvecs of one activation row together (up to
+    /// `weft_kernels::cuda::GROUP_MAX` of equal `group_key`, when `group`),
+    /// every other node alone. Timed command buffers keep a launch per node
+    /// (each node has its own events).
+    fn level_launches(
+        &self,
+        cb: &CudaCommandBuffer,
+        level: Range<usize>,
+        group: bool,
+    ) -> Vec<Vec<usize>> {
+        let mut launches: Vec<Vec<usize>> = Vec::with_capacity(level.len());
+        let mut open: Vec<(weft_kernels::cuda::GroupKey, usize)> = Vec::new();
+        for i in level {
+            let n = &cb.nodes[i];
+            let key = group
+                .then(|| self.kernels.group_key(&n.node, &n.ins))
+                .flatten();
+            let Some(key) = key else {
+                launches.push(vec![i]);
+                continue;
+            };
+            match open.iter().position(|(k, _)| *k == key) {
+                Some(o) => {
+                    let at = open[o].1;
+                    launches[at].push(i);
+                    if launches[at].len() == weft_kernels::cuda::GROUP_MAX {
+                        open.swap_remove(o);
+                    }
+                }
+                None => {
+                    open.push((key, launches.len()));
+                    launches.push(vec![i]);
+                }
+            }
+        }
+        launches
+    }
+
+    /// Launches nodes `members` of `cb` as one kernel (`level_launches`).
+    fn launch_group(
+        &self,
+        stream: &Arc<CudaStream>,
+        cb: &CudaCommandBuffer,
+        members: &[usize],
+        step: impl Fn(usize) -> u64,
+    ) -> Result<(), RuntimeError> {
+        let group: Vec<_> = members
+            .iter()
+            .map(|&i| {
+                let n = &cb.nodes[i];
+                let (rope, write) = match &n.node.op {
+                    Op::MatMulRows { rope, write } => (rope.as_ref(), *write),
+                    _ => (None, None),
+                };
+                weft_kernels::cuda::GroupMember {
+                    rope,
+                    write,
+                    ins: &n.ins,
+                    outs: &n.outs,
+                    step: step(i),
+                }
+            })
+            .collect();
+        // SAFETY: every tensor was resolved to live device memory of its size.
+        unsafe { self.kernels.launch_group(stream, &group) }.map_err(|e| {
+            let n = &cb.nodes[members[0]];
+            RuntimeError::Execution {
+                op: n.node.op.name(),
+                label: n.label.clone(),
+                message: format!("in a launch of {} nodes: {e}", members.len()),
+            }
+        })
     }
 
     fn launch_node(

@@ -10,6 +10,8 @@
 //! device memory or pinned staging that the graph reads, so a new decode
 //! token needs no new graph. `WEFT_CUDA_STREAMS` (1-4, default 4) caps the
 //! streams a level is spread over (1: every node on one stream, in order).
+//! A level's decode matvecs of one activation row (a layer's q, k and v)
+//! share one launch (`WEFT_CUDA_GROUP=0` gives each its own).
 //! Where capture is impossible (or switched off
 //! with `WEFT_CUDA_GRAPHS=0`) the same launches run eagerly, and the
 //! counters say so.
@@ -66,6 +68,9 @@ pub(crate) struct CudaBackend {
     pub use_graphs: bool,
     /// Streams a level's nodes are spread over (at most [`BRANCH_STREAMS`]).
     pub streams: usize,
+    /// Launch a level's decode matvecs of one activation row together
+    /// (`WEFT_CUDA_GROUP`, default on).
+    pub group: bool,
     pub stats: GraphStats,
     /// Device time zero of node timings and the host instant it maps to.
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
@@ -119,9 +124,21 @@ impl CudaBackend {
                 )))
             }
         };
+        let group = match std::env::var("WEFT_CUDA_GROUP") {
+            Err(std::env::VarError::NotPresent) => true,
+            Ok(v) if v.trim() == "1" => true,
+            Ok(v) if v.trim() == "0" => false,
+            _ => {
+                return Err(RuntimeError::Usage(
+                    "WEFT_CUDA_GROUP must be 0 (one launch per node) or 1 (a level's decode matvecs of one activation row in one launch)"
+                        .into(),
+                ))
+            }
+        };
         Ok(CudaBackend {
             ctx,
             streams,
+            group,
             main,
             branches,
             kernels,
