@@ -72,6 +72,40 @@ fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Ca
     }
 }
 
+/// The feed-forward's fused gate/up projection with silu_mul and quantize
+/// (one decode token), weights rotated as in `matvec_case`.
+fn gate_up_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
+    let mut mem = HostMemory::default();
+    let row_bytes = quantized(wdtype, &rng.rows(1, k)).len();
+    let wbytes = 2 * row_bytes * m;
+    let copies = (ROTATE_BYTES / wbytes).clamp(1, REPS);
+    let adtype = weft_ops::quant::vec_dot_type(wdtype);
+    let act = quantized(adtype, &rng.rows(1, k));
+    let x = mem.tensor(adtype, &[1, k], &act).unwrap();
+    let o = mem.zeros(DType::Q8_1, &[1, m]).unwrap();
+    let mut nodes = Vec::new();
+    for _ in 0..copies {
+        let mut w = || {
+            let bytes: Vec<u8> = (0..m)
+                .flat_map(|_| quantized(wdtype, &rng.rows(1, k)))
+                .collect();
+            mem.tensor(wdtype, &[m, k], &bytes).unwrap()
+        };
+        let (wg, wu) = (w(), w());
+        nodes.push(node(
+            Op::MatMulSiluQuantize { up: true },
+            vec![x, wg, wu],
+            vec![o],
+        ));
+    }
+    Case {
+        name: format!("gate_up+silu_mul+quantize {wdtype} {m}x{k} n=1"),
+        nodes,
+        mem,
+        bytes: wbytes + act.len(),
+    }
+}
+
 fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
     let (heads, kvh, d) = (9, 3, 64);
     let rows = q_position as usize + n;
@@ -233,6 +267,7 @@ fn kernel_timings_at_smollm2_shapes() {
         matvec_case(&mut rng, DType::Q4_1, 1536, 576, 1),
         matvec_case(&mut rng, DType::Q4_1, 576, 1536, 1),
         matvec_case(&mut rng, DType::Q8_0, 49152, 576, 1),
+        gate_up_case(&mut rng, DType::Q4_1, 1536, 576),
         attention_case(&mut rng, 1, 63),
         attention_case(&mut rng, 1, 255),
         attention_case(&mut rng, 1, 1023),

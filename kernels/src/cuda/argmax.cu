@@ -2,7 +2,8 @@
 // are never chosen unless at index 0 (the CPU's `if v > row[best]` scan).
 // One block of 1024 threads per row; each thread scans a strided slice
 // with batched 16-byte loads (a candidate only replaces the thread's best
-// when strictly greater, and slices are merged preferring lower indices).
+// when strictly greater, and slices are merged preferring lower indices);
+// the first warp merges the warps' winners.
 
 DEV void argmax_take(float v, int i, float& bv, int& bi) {
     if (v != v) return;
@@ -20,10 +21,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     const int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
-    if (xr[0] != xr[0]) {  // NaN at index 0: nothing compares greater
-        if (threadIdx.x == 0) out[r] = 0;
-        return;
-    }
+    // Index 0 is read beside the others; a NaN there is handled at the end.
+    const float x0 = xr[0];
     float bv = NEG_INF;
     int bi = -1;
     const int nt = blockDim.x;
@@ -31,12 +30,12 @@ extern "C" __global__ void __launch_bounds__(1024)
         const float4* x4 = (const float4*)xr;
         const int n4 = cols / 4;
         int q = threadIdx.x;
-        for (; q + 3 * nt < n4; q += 4 * nt) {
-            float4 v[4];
+        for (; q + 5 * nt < n4; q += 6 * nt) {
+            float4 v[6];
 #pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = x4[q + u * nt];
+            for (int u = 0; u < 6; u++) v[u] = x4[q + u * nt];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 6; u++) {
                 const int i = 4 * (q + u * nt);
                 argmax_take(v[u].x, i, bv, bi);
                 argmax_take(v[u].y, i + 1, bv, bi);
@@ -60,15 +59,24 @@ extern "C" __global__ void __launch_bounds__(1024)
         const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
         if (oi >= 0) argmax_take(ov, oi, bv, bi);
     }
-    const int warp = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
         sv[warp] = bv;
         si[warp] = bi;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (si[w] >= 0) argmax_take(sv[w], si[w], bv, bi);
-        out[r] = bi < 0 ? 0 : bi;
+    if (warp == 0) {
+        // The warps' winners merged by the first warp (the same order:
+        // greater value, then lower index).
+        const int warps = (int)(blockDim.x >> 5);
+        bv = lane < warps ? sv[lane] : NEG_INF;
+        bi = lane < warps ? si[lane] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi >= 0) argmax_take(ov, oi, bv, bi);
+        }
+        // NaN at index 0: nothing compares greater (the CPU's scan).
+        if (lane == 0) out[r] = x0 != x0 || bi < 0 ? 0 : bi;
     }
 }

@@ -367,7 +367,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
         __syncthreads();
         const int bytes = OUTF == 1 ? 36 : 34, blocks = D / 32;
         u8* orow_q = (u8*)out + ((size_t)t * (a.out_stride / 32) + (size_t)h * blocks) * bytes;
-        for (int b = tid; b < blocks; b += nt) quant_q8_thread<OUTF>(qs + 32 * b, orow_q + b * bytes);
+        for (int b = tid >> 5; b < blocks; b += nt >> 5)  // a warp per block
+            quant_q8_warp<OUTF>(qs[32 * b + (tid & 31)], orow_q + b * bytes);
     }
 }
 
