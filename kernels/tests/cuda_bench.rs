@@ -446,4 +446,21 @@ fn kernel_timings_at_smollm2_shapes() {
             println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
         }
     }
+    // What a persistent decode kernel would pay per level instead of a
+    // kernel boundary: a grid-wide wait of one block per SM (and fewer).
+    let sms = g
+        .kernels
+        .context()
+        .attribute(
+            weft_kernels::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .unwrap() as u32;
+    let stream = g.stream();
+    for blocks in [sms, sms / 2, 16] {
+        let us =
+            weft_kernels::cuda::testing::grid_barrier_us(&g.kernels, &stream, blocks, 20_000)
+                .unwrap();
+        let name = format!("grid-wide wait, {blocks} blocks of 64 ({sms} SMs)");
+        println!("{name:<52} {us:>10.2}");
+    }
 }

@@ -493,3 +493,25 @@ DEV void scale_row(const float* x, const float* w, float* out, float scale, int 
         }
     }
 }
+
+// ---- test hooks -------------------------------------------------------------
+
+// `rounds` grid-wide waits: each block's first thread adds one to `counter`
+// and spins (acquire loads) until every block has added for this round,
+// then the block goes on. With one resident block per SM this is the level
+// barrier a persistent decode kernel would pay (cuda_bench measures it).
+extern "C" __global__ void test_grid_barrier(u32* counter, int rounds) {
+    for (int r = 1; r <= rounds; r++) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(counter, 1u);
+            const u32 target = (u32)r * gridDim.x;
+            u32 seen;
+            do {
+                asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+            } while (seen < target);
+        }
+        __syncthreads();
+    }
+}

@@ -16,6 +16,7 @@ pub(super) const KERNELS: &[&str] = &[
     "gelu_mul_f32",
     "test_glibc_expf",
     "test_v_expf",
+    "test_grid_barrier",
 ];
 
 /// # Safety

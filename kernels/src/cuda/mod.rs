@@ -520,6 +520,43 @@ pub mod testing {
         Ok((m as f32, fell_back))
     }
 
+    /// Microseconds per grid-wide wait of `blocks` blocks of 64 threads
+    /// (common.cu's `test_grid_barrier`), from two runs of `rounds` and
+    /// `2 * rounds` waits (their difference cancels the launch). `blocks`
+    /// must all be resident at once (at most one per SM is safe).
+    pub fn grid_barrier_us(
+        k: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        blocks: u32,
+        rounds: i32,
+    ) -> Result<f64, OpError> {
+        let err = |e| driver_error("test", "grid barrier", e);
+        let run = |n: i32| -> Result<f64, OpError> {
+            let mut counter = stream.alloc_zeros::<u32>(1).map_err(err)?;
+            stream.synchronize().map_err(err)?;
+            let t = std::time::Instant::now();
+            {
+                let (cp, _c) = counter.device_ptr_mut(stream);
+                // SAFETY: `counter` holds one u32; every block is resident.
+                unsafe {
+                    launch(
+                        stream,
+                        k.fns.get("test", "test_grid_barrier")?,
+                        (blocks, 1, 1),
+                        64,
+                        0,
+                        &[Arg::Ptr(cp), Arg::I32(n)],
+                        "test",
+                    )?;
+                }
+            }
+            stream.synchronize().map_err(err)?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        };
+        let (one, two) = (run(rounds)?, run(2 * rounds)?);
+        Ok((two - one) / rounds as f64)
+    }
+
     /// Runs a one-warp sum hook: `name(ts, out, n)` writes a value and a
     /// fallback flag as two doubles.
     fn run_sum_hook(
