@@ -41,17 +41,21 @@ DEV float attn_scaled(const AttnArgs& a, float s) {
     return s * a.scale;
 }
 
+// Sixteen f16 values (two 16-byte pieces) widened.
+DEV void unpack16_f16(const uint4 u0, const uint4 u1, float* out) {
+    const u32 w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        out[2 * k] = h2f((u16)(w[k] & 0xffffu));
+        out[2 * k + 1] = h2f((u16)(w[k] >> 16));
+    }
+}
+
 template <bool F16>
 DEV void load16(const void* row, int i, float* out) {
     if (F16) {
-        const uint4 u0 = *(const uint4*)((const u16*)row + i);
-        const uint4 u1 = *(const uint4*)((const u16*)row + i + 8);
-        const u32 w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            out[2 * k] = h2f((u16)(w[k] & 0xffffu));
-            out[2 * k + 1] = h2f((u16)(w[k] >> 16));
-        }
+        unpack16_f16(*(const uint4*)((const u16*)row + i), *(const uint4*)((const u16*)row + i + 8),
+                     out);
     } else {
         const float4* p = (const float4*)((const float*)row + i);
 #pragma unroll
@@ -72,8 +76,9 @@ DEV float kv_at(const void* row, int i) {
 
 // ggml's vec_dot_f16 / vec_dot_f32 (AVX-512): four 16-lane fma accumulators
 // per 64 elements, folded (0+2)+(1+3), reduced, the tail added in f64.
+// `kreg`: the row's first 64 f16 values already loaded (8 x 16 bytes).
 template <bool K16>
-DEV float attn_dot(const void* krow, const float* q, int d) {
+DEV float attn_dot(const void* krow, const float* q, int d, const uint4* kreg = 0) {
     double total = 0.0;
     const int body = d - d % 64;
     if (body > 0) {
@@ -84,7 +89,8 @@ DEV float attn_dot(const void* krow, const float* q, int d) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float kv[16];
-                load16<K16>(krow, s + 16 * j, kv);
+                if (K16 && kreg && s == 0) unpack16_f16(kreg[2 * j], kreg[2 * j + 1], kv);
+                else load16<K16>(krow, s + 16 * j, kv);
 #pragma unroll
                 for (int l = 0; l < 16; l++)
                     acc[16 * j + l] = __fmaf_rn(kv[l], q[s + 16 * j + l], acc[16 * j + l]);
@@ -174,6 +180,18 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
         }
     }
     pdl_sync();
+    // A head of 64 f16 values: the key row of this thread's first cell is
+    // loaded now, beside the query, not after it (the scores wait for both).
+    const bool kpre = K16 && D == 64 && tid < CH;
+    uint4 kreg[8];
+    if (kpre) {
+        const u32 c = lo0 + (u32)tid;
+        if (c < hi0 && attn_visible(a, c, pos, end)) {
+            const uint4* kr = (const uint4*)(kc + ((size_t)c * a.kv_stride + kvoff) * esz_k);
+#pragma unroll
+            for (int i = 0; i < 8; i++) kreg[i] = kr[i];
+        }
+    }
     const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
     for (int d = tid; d < D; d += nt) qs[d] = K16 ? round16(qrow[d]) : qrow[d];
     const int cp = tid / D, cd = tid % D;  // chain thread: part, dimension
@@ -210,7 +228,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
             u8 f = 0;
             if (p < parts && c < hi_of(p) && attn_visible(a, c, pos, end)) {
                 const u8* krow = kc + ((size_t)c * a.kv_stride + kvoff) * esz_k;
-                sc = attn_scaled(a, attn_dot<K16>(krow, qs, D));
+                const bool pre = kpre && it == 0 && idx == tid;
+                sc = attn_scaled(a, attn_dot<K16>(krow, qs, D, pre ? kreg : 0));
                 f = 1;
             }
             score[idx] = sc;

@@ -50,12 +50,32 @@ DEV size_t act_row_bytes(int f, int cols) {
 // (which may be x itself) and normalised. Staged, the row (or x and b) is
 // loaded with 32 loads per lane in flight: one memory latency for rows of
 // up to 1024 values.
+//
+// The weights of this lane's first Q8_0 / Q8_1 block are loaded before the
+// wait on the kernels before (when `pre`: no kernel of the command buffer
+// writes them), so the quantization, last on the critical path, reads them
+// from registers.
 template <int F, bool ADD>
 DEV void norm_quant_body(const float* x, const float* b, const float* w, float* sum_out, u8* out,
-                         int rows, int cols, float eps, int broadcast, int staged, int method) {
+                         int rows, int cols, float eps, int broadcast, int staged, int method,
+                         int pre) {
     __shared__ SeqSumScratch scratch;
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x;
+    constexpr bool Q8 = F == 0 || F == 1;
+    const bool w_own = Q8 && lane < cols / 32;  // this lane quantizes block `lane` first
+    float wv[Q8 ? 32 : 1];
+    if (pre && w_own) {
+#pragma unroll
+        for (int i = 0; i < (Q8 ? 32 : 1); i++) wv[i] = w[32 * lane + i];
+    } else if (blockIdx.x == 0) {
+        prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);
+    }
+    pdl_sync();
+    if (!pre && w_own) {
+#pragma unroll
+        for (int i = 0; i < (Q8 ? 32 : 1); i++) wv[i] = w[32 * lane + i];
+    }
     if (r >= rows) return;
     const float* xr = x + (size_t)r * cols;
     float* stage = staged ? norm_stage(cols) : 0;
@@ -94,28 +114,37 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
         return __double2float_rn(sum / (double)cols);
     });
     const float scale = 1.0f / sqrtf(mean + eps);
-    auto val = [&](int e) -> float { return (xr[e] * scale) * w[e]; };
-    quant_row_warp<F>(val, out + (size_t)r * act_row_bytes(F, cols), cols);
+    u8* dst = out + (size_t)r * act_row_bytes(F, cols);
+    if (Q8) {
+        // quant_row_warp's Q8 loop, the first block's weights from registers.
+        const int bytes = F == 1 ? 36 : 34;
+        for (int blk = lane; blk < cols / 32; blk += 32) {
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int e = 32 * blk + i;
+                v[i] = (xr[e] * scale) * (blk == lane ? wv[Q8 ? i : 0] : w[e]);
+            }
+            quant_q8_thread<Q8 ? F : 0>(v, dst + (size_t)blk * bytes);
+        }
+    } else {
+        auto val = [&](int e) -> float { return (xr[e] * scale) * w[e]; };
+        quant_row_warp<F>(val, dst, cols);
+    }
 }
 
-// The norm's weights are asked of L2 before the wait (by the first row's
-// block; the others find them there): the quantization reads them last,
-// after the sum, when a miss would cost a memory latency.
+// (norm_quant_body waits on the kernels before.)
 #define NORM_QUANT_ENTRIES(SUFFIX, F)                                                          \
     extern "C" __global__ void __launch_bounds__(32) rms_norm_quant_##SUFFIX(                  \
         const float* x, const float* w, u8* out, int rows, int cols, float eps, int staged,    \
-        int method) {                                                                          \
-        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
-        pdl_sync();                                                                            \
-        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method);        \
+        int method, int pre) {                                                                 \
+        norm_quant_body<F, false>(x, 0, w, 0, out, rows, cols, eps, 0, staged, method, pre);   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) add_rms_norm_quant_##SUFFIX(              \
         const float* x, const float* b, const float* w, float* sum_out, u8* out, int rows,     \
-        int cols, float eps, int broadcast, int staged, int method) {                          \
-        if (blockIdx.x == 0) prefetch_l2(w, (size_t)cols * 4, threadIdx.x, blockDim.x);        \
-        pdl_sync();                                                                            \
+        int cols, float eps, int broadcast, int staged, int method, int pre) {                 \
         norm_quant_body<F, true>(x, b, w, sum_out, out, rows, cols, eps, broadcast, staged,    \
-                                 method);                                                      \
+                                 method, pre);                                                 \
     }
 NORM_QUANT_ENTRIES(q8_0, 0)
 NORM_QUANT_ENTRIES(q8_1, 1)

@@ -79,6 +79,7 @@ pub(super) unsafe fn rms_norm_quantize(
             Arg::F32(eps),
             Arg::I32(staged),
             Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(w.constant as i32),
         ],
         OP,
     )
@@ -128,6 +129,7 @@ pub(super) unsafe fn add_rms_norm_quantize(
             Arg::I32(broadcast as i32),
             Arg::I32(staged),
             Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(w.constant as i32),
         ],
         OP,
     )
