@@ -457,9 +457,8 @@ fn kernel_timings_at_smollm2_shapes() {
         .unwrap() as u32;
     let stream = g.stream();
     for blocks in [sms, sms / 2, 16] {
-        let us =
-            weft_kernels::cuda::testing::grid_barrier_us(&g.kernels, &stream, blocks, 20_000)
-                .unwrap();
+        let us = weft_kernels::cuda::testing::grid_barrier_us(&g.kernels, &stream, blocks, 20_000)
+            .unwrap();
         let name = format!("grid-wide wait, {blocks} blocks of 64 ({sms} SMs)");
         println!("{name:<52} {us:>10.2}");
     }
