@@ -65,6 +65,7 @@ pub(crate) struct BufferEntry {
     /// A command buffer has had a node write it: on CUDA its readers are
     /// never marked constant (`DeviceTensor::constant`), even in a command
     /// buffer that does not write it while an earlier one may still run.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub written: bool,
 }
 
