@@ -62,6 +62,11 @@ impl Device {
 pub(crate) struct BufferEntry {
     pub storage: Arc<Storage>,
     pub name: String,
+    /// A command buffer has had a node write it: on CUDA its readers are
+    /// never marked constant (`DeviceTensor::constant`), even in a command
+    /// buffer that does not write it while an earlier one may still run.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub written: bool,
 }
 
 /// Runs recorded graphs on one device.
@@ -248,6 +253,7 @@ impl GraphExecutor {
         let entry = BufferEntry {
             storage: Arc::new(storage),
             name: name.to_string(),
+            written: false,
         };
         if let Some(i) = self.buffers.iter().position(Option::is_none) {
             self.buffers[i] = Some(entry);

@@ -879,14 +879,16 @@ impl<'e> GraphSession<'e> {
         use weft_kernels::cuda::DeviceTensor;
         let mut keep = BTreeMap::new();
         let mut nodes = Vec::with_capacity(cb.order.len());
-        // Buffers some node of this command buffer writes: every other
-        // input is constant while it runs (DeviceTensor::constant).
-        let written: std::collections::HashSet<_> = cb
-            .order
-            .iter()
-            .filter_map(|&i| payloads[i].as_ref())
-            .flat_map(|n| n.outputs.iter().map(|t| t.buffer))
-            .collect();
+        // Buffers some node of this command buffer, or of any before it,
+        // writes: every other input (the weights) is constant while it runs
+        // (DeviceTensor::constant).
+        for &i in &cb.order {
+            for t in payloads[i].iter().flat_map(|n| &n.outputs) {
+                if let Some(Some(e)) = self.exec.buffers.get_mut(t.buffer.0 as usize) {
+                    e.written = true;
+                }
+            }
+        }
         for &i in &cb.order {
             let node = payloads[i]
                 .take()
@@ -904,7 +906,7 @@ impl<'e> GraphSession<'e> {
                 Ok(DeviceTensor {
                     ptr: base + t.offset,
                     tensor: *t,
-                    constant: !written.contains(&t.buffer),
+                    constant: !e.written,
                 })
             };
             let mut ins = node

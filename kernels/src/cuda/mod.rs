@@ -95,10 +95,11 @@ pub struct DeviceTensor {
     /// `CUdeviceptr` of the tensor's first byte (buffer base + tensor offset).
     pub ptr: u64,
     pub tensor: Tensor,
-    /// No node of the command buffer writes any of the tensor's bytes (a
-    /// weight): a kernel may read it before waiting on the kernels launched
-    /// before it (programmatic dependent launch), overlapping their work.
-    /// `false` is always safe.
+    /// Nothing writes any of the tensor's bytes while the kernel may run (a
+    /// weight; the runtime marks buffers no command buffer has written): a
+    /// kernel may read it before waiting on the kernels launched before it
+    /// (programmatic dependent launch), overlapping their work. `false` is
+    /// always safe.
     pub constant: bool,
 }
 
