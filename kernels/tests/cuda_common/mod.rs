@@ -193,7 +193,7 @@ pub fn run_gpu_with(
         .inputs
         .iter()
         .map(|t| DeviceTensor {
-            constant: node.outputs.iter().all(|o| o.buffer != t.buffer),
+            constant: constants_on() && node.outputs.iter().all(|o| o.buffer != t.buffer),
             ..dev.tensor(&stream, t)
         })
         .collect();
@@ -234,6 +234,14 @@ pub fn run_gpu_with(
     node.outputs.iter().map(|t| dev.read(&stream, t)).collect()
 }
 
+/// Whether the harness marks a node's unwritten inputs constant (kernels
+/// then read weights before their programmatic-launch wait);
+/// `WEFT_TEST_NO_CONSTANT=1` tests the other order, as the runtime runs a
+/// kernel whose weights some command buffer has written.
+pub fn constants_on() -> bool {
+    std::env::var("WEFT_TEST_NO_CONSTANT").map_or(true, |v| v != "1")
+}
+
 /// Runs `nodes` as one grouped launch (`CudaKernels::launch_group`) over a
 /// device copy of `mem`; returns each node's output bytes. Without a GPU,
 /// each node on the CPU.
@@ -265,7 +273,7 @@ pub fn run_gpu_group(g: Option<&Gpu>, nodes: &[OpNode], mem: &HostMemory) -> Vec
                 .inputs
                 .iter()
                 .map(|t| DeviceTensor {
-                    constant: !written.contains(&t.buffer),
+                    constant: constants_on() && !written.contains(&t.buffer),
                     ..dev.tensor(&stream, t)
                 })
                 .collect();
