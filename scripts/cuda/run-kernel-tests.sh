@@ -30,10 +30,11 @@ for exe in cuda_vs_cpu cuda_dsv4; do
     fi
   done
 done
-# The kernels that read weights before their wait, once more with nothing
+# The kernels that read weights before their wait (matvecs, fused norms),
+# once more with nothing
 # marked constant (the order the runtime takes for written buffers).
 if [ -x "$DIR/cuda_vs_cpu" ]; then
-  for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "matmul|norm|group|silu" | grep -E "${WEFT_TEST_FILTER:-.}"); do
+  for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "matmul|norm|group|silu|fused" | grep -E "${WEFT_TEST_FILTER:-.}"); do
     if WEFT_TEST_NO_CONSTANT=1 timeout 120 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
       passed=$((passed + 1)); echo "ok   cuda_vs_cpu $t (no constant inputs)"
     else
