@@ -332,6 +332,20 @@ DEV void mmid_e2m1(u32 q, u32* t0, u32* t1) {
     *t1 = t[1];
 }
 
+// The exact integer dot product of 32 signed bytes (an MXFP4 block's eight
+// words of doubled codes) with a Q8 activation block's codes (two 16-byte
+// pieces), dp4a after dp4a in order.
+DEV int mmid_dp4a8(const u32* v, uint4 a0, uint4 a1) {
+    int si = __dp4a((int)v[0], (int)a0.x, 0);
+    si = __dp4a((int)v[1], (int)a0.y, si);
+    si = __dp4a((int)v[2], (int)a0.z, si);
+    si = __dp4a((int)v[3], (int)a0.w, si);
+    si = __dp4a((int)v[4], (int)a1.x, si);
+    si = __dp4a((int)v[5], (int)a1.y, si);
+    si = __dp4a((int)v[6], (int)a1.z, si);
+    return __dp4a((int)v[7], (int)a1.w, si);
+}
+
 // Rounds of eight blocks whose loads one lane issues before using any.
 #define MMID_MX_CHUNK 4
 
@@ -372,14 +386,7 @@ DEV void mmid_row_mxfp4(const u8* wrow, const u8* act, int astride, int nb, floa
                 const u8* a = act + (size_t)t * astride;
                 const uint4 a0 = *(const uint4*)(a + 32 * b);
                 const uint4 a1 = *(const uint4*)(a + 32 * b + 16);
-                int si = __dp4a((int)v[0], (int)a0.x, 0);
-                si = __dp4a((int)v[1], (int)a0.y, si);
-                si = __dp4a((int)v[2], (int)a0.z, si);
-                si = __dp4a((int)v[3], (int)a0.w, si);
-                si = __dp4a((int)v[4], (int)a1.x, si);
-                si = __dp4a((int)v[5], (int)a1.y, si);
-                si = __dp4a((int)v[6], (int)a1.z, si);
-                si = __dp4a((int)v[7], (int)a1.w, si);
+                const int si = mmid_dp4a8(v, a0, a1);
                 const float ad = ((const float*)(a + 32 * nb))[b];
                 const float term = __fmul_rn(__fmul_rn(ad, dw), (float)si);
 #pragma unroll
@@ -1054,42 +1061,19 @@ DEV void mmid_dquant_q8(const float* v, int nb, int r, u8* act) {
     }
 }
 
-// rows.cu's quant_q8k_warp, written as a MMID_Q8K_D block.
+// rows.cu's Q8_K quantization (q8k_warp_codes), written as a MMID_Q8K_D
+// block: the codes first (eight per lane as one 8-byte store), d at 256,
+// the sums at 260.
 DEV void mmid_dquant_q8k(const float* v, u8* blk) {
     const int lane = threadIdx.x & 31;
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-    amax = warp_max(amax);
-    if (amax == 0.0f) {
-        for (int i = lane; i < Q8K_BYTES / 4; i += 32) ((u32*)blk)[i] = 0u;
-        return;
-    }
-    int first = 8;
-#pragma unroll
-    for (int i = 7; i >= 0; i--)
-        if (fabsf(v[i]) == amax) first = i;
-    const u32 hit = __ballot_sync(FULL_MASK, first < 8);
-    const int src_lane = __ffs(hit) - 1;
-    const int src_idx = __shfl_sync(FULL_MASK, first, src_lane);
-    float chosen = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i == src_idx) chosen = v[i];
-    const float mx = __shfl_sync(FULL_MASK, chosen, src_lane);
-    const float iscale = -127.0f / mx;
-    int sum = 0;
+    int q[8], sum;
+    const float d = q8k_warp_codes(v, q, &sum);
     u32 w[2] = {0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int q = min(127, __float2int_rn(v[i] * iscale));
-        w[i >> 2] |= ((u32)q & 0xffu) << (8 * (i & 3));
-        sum += q;
-    }
+    for (int i = 0; i < 8; i++) w[i >> 2] |= ((u32)q[i] & 0xffu) << (8 * (i & 3));
     *(uint2*)(blk + 8 * lane) = make_uint2(w[0], w[1]);
-    sum += __shfl_xor_sync(FULL_MASK, sum, 1);
     if ((lane & 1) == 0) *(i16*)(blk + 260 + lane) = (i16)sum;
-    if (lane == 0) *(float*)(blk + 256) = 1.0f / iscale;
+    if (lane == 0) *(float*)(blk + 256) = d;
 }
 
 // Round r of the Q8_K staging: this warp's blocks b0 + 8u (u < 2), eight
@@ -1368,14 +1352,7 @@ struct MmidDMX : MmidCfg<MMID_DMX_CFG> {
             const int b = b0 + bl;
             const uint4 a0 = *(const uint4*)(act + 32 * b);
             const uint4 a1 = *(const uint4*)(act + 32 * b + 16);
-            int si = __dp4a((int)v[0], (int)a0.x, 0);
-            si = __dp4a((int)v[1], (int)a0.y, si);
-            si = __dp4a((int)v[2], (int)a0.z, si);
-            si = __dp4a((int)v[3], (int)a0.w, si);
-            si = __dp4a((int)v[4], (int)a1.x, si);
-            si = __dp4a((int)v[5], (int)a1.y, si);
-            si = __dp4a((int)v[6], (int)a1.z, si);
-            si = __dp4a((int)v[7], (int)a1.w, si);
+            const int si = mmid_dp4a8(v, a0, a1);
             const float ad = ((const float*)(act + 32 * nb))[b];
             const float term = __fmul_rn(__fmul_rn(ad, mmid_e8m0_half(e)), (float)si);
 #pragma unroll

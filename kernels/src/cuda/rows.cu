@@ -182,19 +182,23 @@ extern "C" __global__ void quant_q8_1(const float* x, u8* out, int rows, int col
     quant_q8_body<1>(x, out, rows, cols);
 }
 
-// Q8_K block quantized by a warp; lane l holds elements 8l..8l+7
-// (quantize_row_q8_K_ref: the element of largest magnitude, the first one
-// on ties, gives max; iscale = -127 / max; q = min(127, nearest(x *
-// iscale)); d = 1 / iscale; sums of 16).
-DEV void quant_q8k_warp(const float* v, u8* blk) {
-    const int lane = threadIdx.x & 31;
+// Q8_K quantization of 256 values held by a warp, lane l holding elements
+// 8l..8l+7 (quantize_row_q8_K_ref: the element of largest magnitude, the
+// first one on ties, gives max; iscale = -127 / max; q = min(127,
+// nearest(x * iscale)); d = 1 / iscale; sums of 16). Returns d, and this
+// lane's codes in `q` and in `*pair_sum` the sum of the 16 codes of lanes
+// 2k and 2k + 1; a block of zeros gives d = 0, codes 0 and sums 0. The
+// callers lay the block out (quant_q8k_warp, matmul_id.cu's decode copy).
+DEV float q8k_warp_codes(const float* v, int* q, int* pair_sum) {
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
     amax = warp_max(amax);
     if (amax == 0.0f) {
-        for (int i = lane; i < Q8K_BYTES; i += 32) blk[i] = 0;
-        return;
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = 0;
+        *pair_sum = 0;
+        return 0.0f;
     }
     int first = 8;
 #pragma unroll
@@ -212,13 +216,22 @@ DEV void quant_q8k_warp(const float* v, u8* blk) {
     int sum = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int q = min(127, __float2int_rn(v[i] * iscale));
-        blk[4 + lane * 8 + i] = (u8)(i8)q;
-        sum += q;
+        q[i] = min(127, __float2int_rn(v[i] * iscale));
+        sum += q[i];
     }
-    sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+    *pair_sum = sum + __shfl_xor_sync(FULL_MASK, sum, 1);
+    return 1.0f / iscale;
+}
+
+// A Q8_K block (d, 256 codes, 16 sums) quantized by a warp (q8k_warp_codes).
+DEV void quant_q8k_warp(const float* v, u8* blk) {
+    const int lane = threadIdx.x & 31;
+    int q[8], sum;
+    const float d = q8k_warp_codes(v, q, &sum);
+#pragma unroll
+    for (int i = 0; i < 8; i++) blk[4 + lane * 8 + i] = (u8)(i8)q[i];
     if ((lane & 1) == 0) *(i16*)(blk + 260 + lane) = (i16)sum;
-    if (lane == 0) *(float*)blk = 1.0f / iscale;
+    if (lane == 0) *(float*)blk = d;
 }
 
 // Q8_0 / Q8_1 block quantized by one thread from its 32 values (the same
