@@ -20,26 +20,29 @@ timeout 400 "$DIR/kernels_lib" cuda::tests --test-threads=1 2>&1 | tail -5 | tee
 echo "== CUDA vs CPU (one process per test: a fault in one cannot spoil the others)"
 : > "$OUT/tests.log"
 passed=0; failed=0
+# Test names of executable $1 matching the regex $2 and WEFT_TEST_FILTER.
+tests_of() {
+  "$DIR/$1" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "$2" | grep -E "${WEFT_TEST_FILTER:-.}"
+}
+# Runs test $2 of executable $1 alone; $3 tags its line (extra environment
+# comes from the caller's prefix).
+run_test() {
+  if timeout 120 "$DIR/$1" --exact "$2" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
+    passed=$((passed + 1)); echo "ok   $1 $2$3"
+  else
+    failed=$((failed + 1)); status=1; echo "FAIL $1 $2$3"
+  fi
+}
 for exe in cuda_vs_cpu cuda_dsv4; do
   [ -x "$DIR/$exe" ] || continue
-  for t in $("$DIR/$exe" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "${WEFT_TEST_FILTER:-.}"); do
-    if timeout 120 "$DIR/$exe" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
-      passed=$((passed + 1)); echo "ok   $exe $t"
-    else
-      failed=$((failed + 1)); status=1; echo "FAIL $exe $t"
-    fi
-  done
+  for t in $(tests_of "$exe" .); do run_test "$exe" "$t" ""; done
 done
 # The kernels that read weights before their wait (matvecs, fused norms),
-# once more with nothing
-# marked constant (the order the runtime takes for written buffers).
+# once more with nothing marked constant (the order the runtime takes for
+# written buffers).
 if [ -x "$DIR/cuda_vs_cpu" ]; then
-  for t in $("$DIR/cuda_vs_cpu" --list 2>/dev/null | grep ': test$' | sed 's/: test$//' | grep -E "matmul|norm|group|silu|fused" | grep -E "${WEFT_TEST_FILTER:-.}"); do
-    if WEFT_TEST_NO_CONSTANT=1 timeout 120 "$DIR/cuda_vs_cpu" --exact "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1; then
-      passed=$((passed + 1)); echo "ok   cuda_vs_cpu $t (no constant inputs)"
-    else
-      failed=$((failed + 1)); status=1; echo "FAIL cuda_vs_cpu $t (no constant inputs)"
-    fi
+  for t in $(tests_of cuda_vs_cpu "matmul|norm|group|silu|fused"); do
+    WEFT_TEST_NO_CONSTANT=1 run_test cuda_vs_cpu "$t" " (no constant inputs)"
   done
 fi
 grep -E "panicked|differ|mismatch|NOTE|glibc|rope past|softcap" "$OUT/tests.log" | cut -c1-300 | head -40
