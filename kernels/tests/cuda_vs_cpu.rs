@@ -553,10 +553,17 @@ fn attention_bit_exact_in_all_three_variants() {
     // (kv, heads, kv_heads, d, n, q_position, window, ring)
     let mut cases = Vec::new();
     for kv in [DType::F16, DType::F32] {
-        // decode: one chunk (n_kv < 512) and split KV (n_kv >= 512)
-        for qp in [0u32, 9, 255, 256, 300, 511, 700, 1023] {
+        // decode: one chunk (n_kv < 512) and split KV (n_kv >= 512); the
+        // one-pass path's groups of 8 cells (whole, odd and empty tails)
+        for qp in [0u32, 7, 9, 15, 16, 23, 63, 255, 256, 300, 511, 700, 1023] {
             cases.push((kv, 9, 3, 64, 1, qp, None, None));
         }
+        // one-pass decode: wider heads, a window, a ring (the slot this
+        // step wrote in the middle of the cells)
+        cases.push((kv, 4, 1, 256, 1, 40, None, None));
+        cases.push((kv, 8, 2, 128, 1, 100, None, None));
+        cases.push((kv, 6, 2, 64, 1, 200, Some(50), None));
+        cases.push((kv, 6, 2, 64, 1, 20, Some(8), Some(12)));
         // short prefill (one chunk), tiled, tiled + one-chunk remainder
         for (n, qp) in [
             (5, 0),
@@ -826,6 +833,7 @@ fn attention_quantize_bit_exact() {
                 (9, 3, 64, 1, 0u32),
                 (9, 3, 64, 1, 200),
                 (9, 3, 64, 1, 700),
+                (4, 1, 256, 1, 40),
                 (9, 3, 64, 7, 40),
                 (4, 1, 256, 1, 300),
             ] {

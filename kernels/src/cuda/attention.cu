@@ -9,7 +9,9 @@
 //   scan, the online-softmax factors with glibc's expf in parallel, and
 //   finally the one sequential part: per output dimension, the accumulator
 //   update (re-rounded to f16 after every key for an f16 cache) over the
-//   chunk's keys in order.
+//   chunk's keys in order. One query row whose visible cells fit one
+//   pass of one part takes a leaner path with the same arithmetic
+//   (attn_decode.cu).
 // - tiled (64 or more query rows in the ubatch): `attn_tiled`. Per (block
 //   of 16 query rows, head): keys and values in tiles of 64 through shared
 //   memory (widened to f32 as the CPU does), each score an in-order fma
@@ -391,18 +393,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     }
 }
 
-#define ATTN_CHUNK_ENTRY(NAME, K16, V16, OUTF)                                                 \
-    extern "C" __global__ void __launch_bounds__(512)                                          \
-        NAME(const float* q, const u8* k, const u8* v, void* out, AttnArgs a,                  \
-             const u32* step) {                                                                \
-        attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step); /* waits inside */             \
-    }
-ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true, -1)
-ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false, -1)
-ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_0, true, true, 0)
-ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_0, false, false, 0)
-ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_1, true, true, 1)
-ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_1, false, false, 1)
+// The attn_chunk_* entries are in attn_decode.cu (they pick the one-pass
+// decode path when a step fits it).
 
 // ---- tiled (64 or more query rows per ubatch) -----------------------------------------
 // 16 query rows of one head per block of 128 threads (two per thread: one

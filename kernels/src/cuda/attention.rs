@@ -147,13 +147,23 @@ fn chunk_cells(head_dim: usize, kv: DType) -> usize {
     (32 * 1024 / (head_dim * elem_bytes(kv))).clamp(32, 256) / 32 * 32
 }
 
-/// Dynamic shared memory of the one-chunk kernel (layout of attention.cu).
+/// Dynamic shared memory of the one-chunk kernel: the general body's
+/// layout (attention.cu) or, when larger, the one-pass decode body's
+/// (attn_decode.cu: staged keys and values, the query, the scores, two
+/// factor rows per 32 dimensions, the visible cells and their count).
 fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
-    40 * chunk
+    let general = 40 * chunk
         + (2 * chunk).next_multiple_of(16)
         + 2 * chunk * head_dim * elem_bytes(kv)
         + 12 * head_dim
-        + 32
+        + 32;
+    let decode = 4 * chunk * head_dim
+        + 4 * head_dim
+        + 4 * chunk
+        + 8 * (head_dim / 32) * chunk
+        + 2 * chunk.next_multiple_of(2)
+        + 4;
+    general.max(decode)
 }
 
 /// Leading 64-row blocks that take the tiled kernel: every block whose

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 16] = [
+const SOURCES: [(&str, &str); 17] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -23,6 +23,7 @@ const SOURCES: [(&str, &str); 16] = [
     ("argmax.cu", include_str!("argmax.cu")),
     ("rope.cu", include_str!("rope.cu")),
     ("attention.cu", include_str!("attention.cu")),
+    ("attn_decode.cu", include_str!("attn_decode.cu")),
     ("fused.cu", include_str!("fused.cu")),
     ("tail_rope.cu", include_str!("tail_rope.cu")),
     ("hyper.cu", include_str!("hyper.cu")),

@@ -1,0 +1,270 @@
+// One-pass decode attention: the one-chunk kernel's arithmetic, bit for bit,
+// in fewer and shorter phases, for the common decode case (one query row,
+// an f16 cache, head_dim 64/128/256, every visible cell in one pass and
+// one part). The `attn_chunk_*` entries below take it when the step's
+// extent allows and the general body (attention.cu) otherwise, so a
+// captured graph replays either way as the context grows.
+//
+// Why it is faster (H200 phase clocks of the general body at 64 cells:
+// ~12k cycles, of which the value copy loop, the block-wide scan and the
+// uncoalesced key loads are ~6k):
+// - the key and value rows of the cells earlier steps wrote are copied
+//   into shared memory *before* the wait on the kernel before, so their
+//   latency hides behind that kernel's tail; only the query and the cell
+//   this step wrote are read after it;
+// - the visible cells are listed (in order) before the wait too: they
+//   depend on positions only;
+// - keys are staged with coalesced copies (16-byte pieces swizzled by row,
+//   so each score thread's reads are free of bank conflicts);
+// - the running maximum and the online-softmax factors are computed by
+//   the warps that then run the accumulation chain, each for itself (no
+//   block barrier between them), and the chain loads the next 8 cells'
+//   factors and values while it works on the current 8;
+// - each chain warp holds one 32-value block of the output, so it
+//   quantizes its block from registers.
+
+// True when the one-pass path computes exactly what attn_chunk_body does:
+// one query row, one part (the padded view below 512 cells) and one pass.
+DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
+    if (a.n != 1 || gridDim.y != 1) return false;
+    if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+    const u32 end = qpos + 1u;
+    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
+    const u32 capacity = a.kv_capacity ? a.kv_capacity : kv_rows;
+    const u32 padded = max((end + 255u) / 256u, 1u) * 256u;
+    return cells <= a.chunk && min(padded, capacity) < 512u;
+}
+
+// ggml's vec_dot_f16 over a staged key row (head_dim a multiple of 64,
+// 16-byte piece p of the row at p ^ sw), as attn_dot<true> computes it.
+DEV float attn_dot_staged(const u8* krow, int sw, const float* q, int d) {
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int s = 0; s < d; s += 64) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int p = s / 8 + 2 * j;
+            float kv[16];
+            unpack16_f16(*(const uint4*)(krow + (p ^ sw) * 16),
+                         *(const uint4*)(krow + ((p + 1) ^ sw) * 16), kv);
+#pragma unroll
+            for (int l = 0; l < 16; l++)
+                acc[16 * j + l] = __fmaf_rn(kv[l], q[s + 16 * j + l], acc[16 * j + l]);
+        }
+    }
+    float f[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) f[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    return reduce16_regs(f);
+}
+
+// Eight cells of the chain: factors and this thread's value of each (f16
+// bits, widened where the chain uses them, so that no instruction before
+// the current group's chain waits on the next group's loads).
+struct ChainGroup {
+    float ms[8], vs[8];
+    u32 vv[8];
+};
+
+DEV ChainGroup chain_group(const float* pm, const float* pv, const u16* ci, const u16* vcol,
+                           int k, int D) {
+    ChainGroup g;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        g.ms[u] = pm[k + u];
+        g.vs[u] = pv[k + u];
+        g.vv[u] = vcol[ci[k + u] * D];
+    }
+    return g;
+}
+
+template <int OUTF>
+DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
+                          const AttnArgs& a, u32 qpos, u32 kv_rows) {
+    extern __shared__ __align__(16) u8 att_dyn[];
+    const int D = a.head_dim, CH = (int)a.chunk, W = D / 32;  // W: chain warps
+    u8* ksh = att_dyn;                                          // [CH][D] f16, swizzled
+    u16* vsh = (u16*)(ksh + (size_t)CH * D * 2);                // [CH][D] f16
+    float* qs = (float*)(vsh + (size_t)CH * D);                 // [D]
+    float* score = qs + D;                                      // [CH] compact order
+    float* wms = score + CH;                                    // [W][CH] per chain warp
+    float* wvs = wms + W * CH;                                  // [W][CH]
+    u16* cidx = (u16*)(wvs + W * CH);                           // [CH] visible cells
+    int* pcount = (int*)(cidx + ((CH + 1) & ~1));               // their count
+    const int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.x, t = a.row_offset;
+    const int kvh = h / (a.heads / a.kv_heads);
+    const u32 end = qpos + 1u, pos = qpos;
+    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
+    // The slot this step wrote (read only after the wait).
+    const u32 fresh = a.ring != NONE_U32 ? qpos % a.ring : qpos;
+    const size_t kvoff = (size_t)kvh * D;
+    const int pieces = D / 8, lp = D == 64 ? 3 : D == 128 ? 4 : 5;  // 16-byte pieces per row
+    auto copy_piece = [&](u32 c, int p) {
+        const size_t src = ((size_t)c * a.kv_stride + kvoff) * 2 + (size_t)p * 16;
+        cp_async16(ksh + (size_t)c * D * 2 + ((p ^ (int)(c & 7)) * 16), kc + src);
+        cp_async16((u8*)vsh + (size_t)c * D * 2 + p * 16, vc + src);
+    };
+    // 1. Before the wait: the rows of the visible cells earlier steps wrote,
+    //    and the list of visible cells in order (warp 0).
+    for (u32 i = tid; i < (cells << lp); i += nt) {
+        const u32 c = i >> lp;
+        if (c != fresh && attn_visible(a, c, pos, end)) copy_piece(c, (int)(i & (pieces - 1)));
+    }
+    cp_async_commit();
+    if (warp == 0) {
+        const int per = CH / 32;
+        bool vis[8];
+        int lcount = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 c = (u32)(lane * per + k);
+            vis[k] = k < per && c < cells && attn_visible(a, c, pos, end);
+            lcount += vis[k];
+        }
+        int cincl = lcount;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int c = __shfl_up_sync(FULL_MASK, cincl, o);
+            if (lane >= o) cincl += c;
+        }
+        int at = cincl - lcount;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (vis[k]) cidx[at++] = (u16)(lane * per + k);
+        if (lane == 31) *pcount = cincl;
+    }
+    pdl_sync();
+    // 2. The query, and the rows of the cell this step wrote.
+    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
+    for (int d = tid; d < D; d += nt) qs[d] = round16(qrow[d]);
+    if (tid < pieces && fresh < cells && attn_visible(a, fresh, pos, end)) copy_piece(fresh, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    const int cnt = *pcount;
+    // 3. Scores of the visible cells, in compact order.
+    for (int j = tid; j < cnt; j += nt) {
+        const int c = cidx[j];
+        score[j] = attn_scaled(a, attn_dot_staged(ksh + (size_t)c * D * 2, c & 7, qs, D));
+    }
+    __syncthreads();
+    if (warp >= W) return;
+    // 4. Each chain warp: the running maximum before each cell (a scan),
+    //    the online-softmax factors, then the in-order accumulation of
+    //    dimension `tid` (re-rounded to f16 after every cell).
+    float* pm = wms + warp * CH;
+    float* pv = wvs + warp * CH;
+    {
+        const int per = CH / 32;
+        float local[8];
+        float lmax = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int j = lane * per + k;
+            local[k] = lmax;
+            if (k < per && j < cnt) lmax = fmaxf(lmax, score[j]);
+        }
+        float incl = lmax;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float v = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl = fmaxf(incl, v);
+        }
+        float before = __shfl_up_sync(FULL_MASK, incl, 1);
+        if (lane == 0) before = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int j = lane * per + k;
+            if (k < per && j < cnt) {
+                const float sc = score[j], m = fmaxf(before, local[k]);
+                if (sc > m) {
+                    pm[j] = glibc_expf(m - sc);
+                    pv[j] = 1.0f;
+                } else {
+                    pm[j] = 1.0f;
+                    pv[j] = glibc_expf(sc - m);
+                }
+            }
+        }
+    }
+    __syncwarp();
+    const int cd = tid;
+    const u16* vcol = vsh + cd;
+    float acc = 0.0f, ssum = 0.0f;
+    // Groups of 8 cells, two in flight: a group's loads go out right after
+    // the chain used its registers, and land while the other group runs.
+    // A new maximum scales the accumulator (ms == 1 otherwise, and scaling
+    // by 1 changes no bit); a group without one (the same for every
+    // thread of the warp) skips the scaling.
+    auto run = [&](const ChainGroup& g) {
+        bool scaled = false;
+#pragma unroll
+        for (int u = 0; u < 8; u++) scaled |= g.ms[u] != 1.0f;
+        if (scaled) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (g.ms[u] != 1.0f) acc = round16(acc * g.ms[u]);
+                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
+                if (lane == 0) ssum = __fmaf_rn(ssum, g.ms[u], g.vs[u]);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
+                if (lane == 0) ssum = __fadd_rn(ssum, g.vs[u]);  // fma(ssum, 1, vs)
+            }
+        }
+    };
+    const int groups = cnt / 8;
+    ChainGroup ga, gb;
+    if (groups > 0) ga = chain_group(pm, pv, cidx, vcol, 0, D);
+    if (groups > 1) gb = chain_group(pm, pv, cidx, vcol, 8, D);
+    for (int gi = 0; gi < groups; gi += 2) {
+        run(ga);
+        if (gi + 2 < groups) ga = chain_group(pm, pv, cidx, vcol, 8 * (gi + 2), D);
+        if (gi + 1 < groups) {
+            run(gb);
+            if (gi + 3 < groups) gb = chain_group(pm, pv, cidx, vcol, 8 * (gi + 3), D);
+        }
+    }
+    int k = 8 * groups;
+    for (; k < cnt; k++) {
+        const float ms = pm[k], vs = pv[k], vv = h2f(vcol[cidx[k] * D]);
+        if (ms != 1.0f) acc = round16(acc * ms);
+        acc = round16(__fmaf_rn(vv, vs, acc));
+        if (lane == 0) ssum = __fmaf_rn(ssum, ms, vs);
+    }
+    // 5. The output: dimension `tid` of the head; warp w holds block w.
+    const float s = __shfl_sync(FULL_MASK, ssum, 0);
+    const float inv = s == 0.0f ? 0.0f : 1.0f / s;
+    const float o = acc * inv;
+    if (OUTF < 0) {
+        ((float*)out)[(size_t)t * a.out_stride + (size_t)h * D + cd] = o;
+    } else {
+        const int bytes = OUTF == 1 ? 36 : 34;
+        u8* orow_q = (u8*)out + ((size_t)t * (a.out_stride / 32) + (size_t)h * W) * bytes;
+        quant_q8_warp<OUTF>(o, orow_q + warp * bytes);
+    }
+}
+
+// The one-chunk entries: the one-pass path when this step fits it.
+#define ATTN_CHUNK_ENTRY(NAME, K16, V16, OUTF)                                                 \
+    extern "C" __global__ void __launch_bounds__(512)                                          \
+        NAME(const float* q, const u8* k, const u8* v, void* out, AttnArgs a,                  \
+             const u32* step) {                                                                \
+        if (K16 && V16) {                                                                      \
+            const u32 qpos = step ? step[0] : a.q_position;                                    \
+            const u32 kv_rows = step ? step[1] : a.kv_rows;                                    \
+            if (attn_decode_fits(a, qpos, kv_rows)) {                                          \
+                attn_decode_body<OUTF>(q, k, v, out, a, qpos, kv_rows); /* waits inside */     \
+                return;                                                                        \
+            }                                                                                  \
+        }                                                                                      \
+        attn_chunk_body<K16, V16, OUTF>(q, k, v, out, a, step); /* waits inside */             \
+    }
+ATTN_CHUNK_ENTRY(attn_chunk_f16, true, true, -1)
+ATTN_CHUNK_ENTRY(attn_chunk_f32, false, false, -1)
+ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_0, true, true, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_0, false, false, 0)
+ATTN_CHUNK_ENTRY(attn_chunk_f16_q8_1, true, true, 1)
+ATTN_CHUNK_ENTRY(attn_chunk_f32_q8_1, false, false, 1)
