@@ -149,20 +149,16 @@ fn chunk_cells(head_dim: usize, kv: DType) -> usize {
 
 /// Dynamic shared memory of the one-chunk kernel: the general body's
 /// layout (attention.cu) or, when larger, the one-pass decode body's
-/// (attn_decode.cu: staged keys and values, the query, the scores, two
-/// factor rows per 32 dimensions, the visible cells and their count).
+/// (attn_decode.cu: staged keys and values, the query, the scores and
+/// factors, the visible cells and their count).
 fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
     let general = 40 * chunk
         + (2 * chunk).next_multiple_of(16)
         + 2 * chunk * head_dim * elem_bytes(kv)
         + 12 * head_dim
         + 32;
-    let decode = 4 * chunk * head_dim
-        + 4 * head_dim
-        + 4 * chunk
-        + 8 * (head_dim / 32) * chunk
-        + 2 * chunk.next_multiple_of(2)
-        + 4;
+    let decode =
+        4 * chunk * head_dim + 4 * head_dim + 12 * chunk + 2 * chunk.next_multiple_of(2) + 4;
     general.max(decode)
 }
 

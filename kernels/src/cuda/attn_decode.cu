@@ -16,10 +16,10 @@
 //   depend on positions only;
 // - keys are staged with coalesced copies (16-byte pieces swizzled by row,
 //   so each score thread's reads are free of bank conflicts);
-// - the running maximum and the online-softmax factors are computed by
-//   the warps that then run the accumulation chain, each for itself (no
-//   block barrier between them), and the chain loads the next 8 cells'
-//   factors and values while it works on the current 8;
+// - every warp scans the scores for the running maximum itself, so each
+//   thread forms one cell's factors right after (one barrier for both),
+//   and the chain loads the next 8 cells' factors and values while it
+//   works on the current 8;
 // - each chain warp holds one 32-value block of the output, so it
 //   quantizes its block from registers.
 
@@ -88,9 +88,9 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     u16* vsh = (u16*)(ksh + (size_t)CH * D * 2);                // [CH][D] f16
     float* qs = (float*)(vsh + (size_t)CH * D);                 // [D]
     float* score = qs + D;                                      // [CH] compact order
-    float* wms = score + CH;                                    // [W][CH] per chain warp
-    float* wvs = wms + W * CH;                                  // [W][CH]
-    u16* cidx = (u16*)(wvs + W * CH);                           // [CH] visible cells
+    float* pm = score + CH;                                     // [CH] factors (ms)
+    float* pv = pm + CH;                                        // [CH] factors (vs)
+    u16* cidx = (u16*)(pv + CH);                                // [CH] visible cells
     int* pcount = (int*)(cidx + ((CH + 1) & ~1));               // their count
     const int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.x, t = a.row_offset;
@@ -149,45 +149,42 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
         score[j] = attn_scaled(a, attn_dot_staged(ksh + (size_t)c * D * 2, c & 7, qs, D));
     }
     __syncthreads();
-    if (warp >= W) return;
-    // 4. Each chain warp: the running maximum before each cell (a scan),
-    //    the online-softmax factors, then the in-order accumulation of
-    //    dimension `tid` (re-rounded to f16 after every cell).
-    float* pm = wms + warp * CH;
-    float* pv = wvs + warp * CH;
+    // 4. The running maximum before each cell and the online-softmax
+    //    factors: every warp scans the scores (a run of `per` cells per
+    //    lane; a maximum is the same in any order), then thread j forms
+    //    the factors of cell j (one expf per thread, all in parallel).
     {
-        const int per = CH / 32;
-        float local[8];
+        const int per = CH / 32, j = tid;
         float lmax = NEG_INF;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const int j = lane * per + k;
-            local[k] = lmax;
-            if (k < per && j < cnt) lmax = fmaxf(lmax, score[j]);
+            const int i = lane * per + k;
+            if (k < per && i < cnt) lmax = fmaxf(lmax, score[i]);
         }
         float incl = lmax;
         for (int o = 1; o < 32; o <<= 1) {
             const float v = __shfl_up_sync(FULL_MASK, incl, o);
             if (lane >= o) incl = fmaxf(incl, v);
         }
-        float before = __shfl_up_sync(FULL_MASK, incl, 1);
-        if (lane == 0) before = NEG_INF;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int j = lane * per + k;
-            if (k < per && j < cnt) {
-                const float sc = score[j], m = fmaxf(before, local[k]);
-                if (sc > m) {
-                    pm[j] = glibc_expf(m - sc);
-                    pv[j] = 1.0f;
-                } else {
-                    pm[j] = 1.0f;
-                    pv[j] = glibc_expf(sc - m);
-                }
+        float excl = __shfl_up_sync(FULL_MASK, incl, 1);
+        if (lane == 0) excl = NEG_INF;
+        float m = __shfl_sync(FULL_MASK, excl, (j / per) & 31);  // the runs before j's
+        if (j < cnt) {
+            for (int i = j / per * per; i < j; i++) m = fmaxf(m, score[i]);
+            const float sc = score[j];
+            if (sc > m) {
+                pm[j] = glibc_expf(m - sc);
+                pv[j] = 1.0f;
+            } else {
+                pm[j] = 1.0f;
+                pv[j] = glibc_expf(sc - m);
             }
         }
     }
-    __syncwarp();
+    __syncthreads();
+    if (warp >= W) return;
+    // 5. The in-order accumulation of dimension `tid` over the visible
+    //    cells (re-rounded to f16 after every cell), one warp per 32.
     const int cd = tid;
     const u16* vcol = vsh + cd;
     float acc = 0.0f, ssum = 0.0f;
@@ -234,7 +231,7 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
         acc = round16(__fmaf_rn(vv, vs, acc));
         if (lane == 0) ssum = __fmaf_rn(ssum, ms, vs);
     }
-    // 5. The output: dimension `tid` of the head; warp w holds block w.
+    // 6. The output: dimension `tid` of the head; warp w holds block w.
     const float s = __shfl_sync(FULL_MASK, ssum, 0);
     const float inv = s == 0.0f ? 0.0f : 1.0f / s;
     const float o = acc * inv;
