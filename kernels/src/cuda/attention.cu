@@ -27,6 +27,7 @@ struct AttnArgs {
     float scale, softcap;
     u32 window, ring, kv_capacity, q_position, kv_rows;
     u32 chunk;  // attn_chunk: cells per part per pass; attn_tiled: 1 = staged f16 tiles
+    float softcap_scale;  // scale / softcap (the host's division; 0 without a cap)
 };
 
 DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
@@ -39,7 +40,7 @@ DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
 // Score scale and soft cap (tanhf is CUDA's here: soft-capped scores are
 // within a few ulp of the CPU's, not bit-exact).
 DEV float attn_scaled(const AttnArgs& a, float s) {
-    if (a.softcap != 0.0f) return a.softcap * tanhf(s * (a.scale / a.softcap));
+    if (a.softcap != 0.0f) return a.softcap * tanhf(s * a.softcap_scale);
     return s * a.scale;
 }
 
@@ -181,6 +182,7 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
             prefetch_l2(vc + row * esz_v, (size_t)D * esz_v, 0, 1);
         }
     }
+    prefetch_expf_table(tid);
     pdl_sync();
     // A head of 64 f16 values: the key row of this thread's first cell is
     // loaded now, beside the query, not after it (the scores wait for both).
@@ -716,6 +718,7 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
     extern "C" __global__ void __launch_bounds__(TILED_THREADS)                                \
         NAME(const float* q, const u8* k, const u8* v, float* out, AttnArgs a,                 \
              const u32* step) {                                                                \
+        prefetch_expf_table(threadIdx.x);                                                      \
         pdl_sync();                                                                            \
         attn_tiled_body<F16, MG>(q, k, v, out, a, step);                                       \
     }

@@ -63,6 +63,10 @@ pub(crate) struct AttnArgs {
     /// attn_chunk: cells per part per pass; attn_tiled: 1 when f16 tiles
     /// go through the staging buffer.
     chunk: u32,
+    /// scale / softcap (0 without a soft cap), divided here: in a kernel
+    /// the compiler hoists the division out of its branch, and a division
+    /// by a zero soft cap takes the slow path on every launch.
+    softcap_scale: f32,
 }
 
 pub(super) fn supports(node: &OpNode, p: &AttentionParams) -> Result<(), OpError> {
@@ -150,15 +154,19 @@ fn chunk_cells(head_dim: usize, kv: DType) -> usize {
 /// Dynamic shared memory of the one-chunk kernel: the general body's
 /// layout (attention.cu) or, when larger, the one-pass decode body's
 /// (attn_decode.cu: staged keys and values, the query, the scores and
-/// factors, the visible cells and their count).
+/// factors, the visible cells, their count and the new-maximum bits).
 fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
     let general = 40 * chunk
         + (2 * chunk).next_multiple_of(16)
         + 2 * chunk * head_dim * elem_bytes(kv)
         + 12 * head_dim
         + 32;
-    let decode =
-        4 * chunk * head_dim + 4 * head_dim + 12 * chunk + 2 * chunk.next_multiple_of(2) + 4;
+    let decode = 4 * chunk * head_dim
+        + 4 * head_dim
+        + 12 * chunk
+        + 2 * chunk.next_multiple_of(2)
+        + 4
+        + chunk / 8;
     general.max(decode)
 }
 
@@ -217,6 +225,11 @@ pub(super) unsafe fn launch(
         row_offset: 0,
         scale: p.scale,
         softcap: p.softcap,
+        softcap_scale: if p.softcap != 0.0 {
+            p.scale / p.softcap
+        } else {
+            0.0
+        },
         window: p.window.unwrap_or(u32::MAX),
         ring: p.ring.unwrap_or(u32::MAX),
         kv_capacity: p.kv_capacity,

@@ -59,24 +59,77 @@ DEV float attn_dot_staged(const u8* krow, int sw, const float* q, int d) {
     return reduce16_regs(f);
 }
 
-// Eight cells of the chain: factors and this thread's value of each (f16
+// Eight cells of the chain: factors, this thread's value of each (f16
 // bits, widened where the chain uses them, so that no instruction before
-// the current group's chain waits on the next group's loads).
+// the current group's chain waits on the next group's loads), and which
+// cells bring a new maximum (ms != 1).
 struct ChainGroup {
     float ms[8], vs[8];
     u32 vv[8];
+    u32 scaled;
 };
 
-DEV ChainGroup chain_group(const float* pm, const float* pv, const u16* ci, const u16* vcol,
+// DENSE: every cell of the pass is visible, so compact index = cell.
+template <bool DENSE>
+DEV ChainGroup chain_group(const float2* f, const u16* ci, const u32* gmask, const u16* vcol,
                            int k, int D) {
     ChainGroup g;
 #pragma unroll
     for (int u = 0; u < 8; u++) {
-        g.ms[u] = pm[k + u];
-        g.vs[u] = pv[k + u];
-        g.vv[u] = vcol[ci[k + u] * D];
+        const float2 p = f[k + u];
+        g.ms[u] = p.x;
+        g.vs[u] = p.y;
+        g.vv[u] = vcol[(DENSE ? k + u : ci[k + u]) * D];
     }
+    g.scaled = (gmask[k >> 5] >> (k & 24)) & 0xffu;
     return g;
+}
+
+// The in-order accumulation of one output dimension over `cnt` cells,
+// re-rounded to f16 after every cell (lane 0 also keeps the sum of the
+// factors). Groups of 8 cells, two in flight: a group's loads go out
+// right after the chain used its registers, and land while the other
+// group runs. A new maximum scales the accumulator (ms == 1 otherwise,
+// and scaling by 1 changes no bit); a group without one (the same for
+// every thread of the warp) skips the scaling.
+template <bool DENSE>
+DEV void attn_chain(const float2* f, const u16* ci, const u32* gmask, const u16* vcol, int D,
+                    int cnt, int lane, float& acc, float& ssum) {
+    auto run = [&](const ChainGroup& g) {
+        if (g.scaled) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (g.ms[u] != 1.0f) acc = round16(acc * g.ms[u]);
+                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
+                if (lane == 0) ssum = __fmaf_rn(ssum, g.ms[u], g.vs[u]);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
+                if (lane == 0) ssum = __fadd_rn(ssum, g.vs[u]);  // fma(ssum, 1, vs)
+            }
+        }
+    };
+    const int groups = cnt / 8;
+    ChainGroup ga, gb;
+    if (groups > 0) ga = chain_group<DENSE>(f, ci, gmask, vcol, 0, D);
+    if (groups > 1) gb = chain_group<DENSE>(f, ci, gmask, vcol, 8, D);
+    for (int gi = 0; gi < groups; gi += 2) {
+        run(ga);
+        if (gi + 2 < groups) ga = chain_group<DENSE>(f, ci, gmask, vcol, 8 * (gi + 2), D);
+        if (gi + 1 < groups) {
+            run(gb);
+            if (gi + 3 < groups) gb = chain_group<DENSE>(f, ci, gmask, vcol, 8 * (gi + 3), D);
+        }
+    }
+    for (int k = 8 * groups; k < cnt; k++) {
+        const float2 p = f[k];
+        const float ms = p.x, vs = p.y, vv = h2f(vcol[(DENSE ? k : ci[k]) * D]);
+        if (ms != 1.0f) acc = round16(acc * ms);
+        acc = round16(__fmaf_rn(vv, vs, acc));
+        if (lane == 0) ssum = __fmaf_rn(ssum, ms, vs);
+    }
 }
 
 template <int OUTF>
@@ -88,10 +141,10 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     u16* vsh = (u16*)(ksh + (size_t)CH * D * 2);                // [CH][D] f16
     float* qs = (float*)(vsh + (size_t)CH * D);                 // [D]
     float* score = qs + D;                                      // [CH] compact order
-    float* pm = score + CH;                                     // [CH] factors (ms)
-    float* pv = pm + CH;                                        // [CH] factors (vs)
-    u16* cidx = (u16*)(pv + CH);                                // [CH] visible cells
+    float2* fac = (float2*)(score + CH);                        // [CH] factors (ms, vs)
+    u16* cidx = (u16*)(fac + CH);                               // [CH] visible cells
     int* pcount = (int*)(cidx + ((CH + 1) & ~1));               // their count
+    u32* gmask = (u32*)(pcount + 1);                            // [CH / 32] ms != 1
     const int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.x, t = a.row_offset;
     const int kvh = h / (a.heads / a.kv_heads);
@@ -134,6 +187,7 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
             if (vis[k]) cidx[at++] = (u16)(lane * per + k);
         if (lane == 31) *pcount = cincl;
     }
+    prefetch_expf_table(tid);
     pdl_sync();
     // 2. The query, and the rows of the cell this step wrote.
     const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
@@ -169,68 +223,25 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
         float excl = __shfl_up_sync(FULL_MASK, incl, 1);
         if (lane == 0) excl = NEG_INF;
         float m = __shfl_sync(FULL_MASK, excl, (j / per) & 31);  // the runs before j's
+        float ms = 1.0f, vs = 1.0f;
         if (j < cnt) {
             for (int i = j / per * per; i < j; i++) m = fmaxf(m, score[i]);
             const float sc = score[j];
-            if (sc > m) {
-                pm[j] = glibc_expf(m - sc);
-                pv[j] = 1.0f;
-            } else {
-                pm[j] = 1.0f;
-                pv[j] = glibc_expf(sc - m);
-            }
+            if (sc > m) ms = glibc_expf(m - sc);
+            else vs = glibc_expf(sc - m);
+            fac[j] = make_float2(ms, vs);
         }
+        const u32 scaled = __ballot_sync(FULL_MASK, ms != 1.0f);
+        if (lane == 0 && warp < CH / 32) gmask[warp] = scaled;
     }
     __syncthreads();
     if (warp >= W) return;
     // 5. The in-order accumulation of dimension `tid` over the visible
-    //    cells (re-rounded to f16 after every cell), one warp per 32.
+    //    cells, one warp per 32 dimensions.
     const int cd = tid;
-    const u16* vcol = vsh + cd;
     float acc = 0.0f, ssum = 0.0f;
-    // Groups of 8 cells, two in flight: a group's loads go out right after
-    // the chain used its registers, and land while the other group runs.
-    // A new maximum scales the accumulator (ms == 1 otherwise, and scaling
-    // by 1 changes no bit); a group without one (the same for every
-    // thread of the warp) skips the scaling.
-    auto run = [&](const ChainGroup& g) {
-        bool scaled = false;
-#pragma unroll
-        for (int u = 0; u < 8; u++) scaled |= g.ms[u] != 1.0f;
-        if (scaled) {
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                if (g.ms[u] != 1.0f) acc = round16(acc * g.ms[u]);
-                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
-                if (lane == 0) ssum = __fmaf_rn(ssum, g.ms[u], g.vs[u]);
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                acc = round16(__fmaf_rn(h2f((u16)g.vv[u]), g.vs[u], acc));
-                if (lane == 0) ssum = __fadd_rn(ssum, g.vs[u]);  // fma(ssum, 1, vs)
-            }
-        }
-    };
-    const int groups = cnt / 8;
-    ChainGroup ga, gb;
-    if (groups > 0) ga = chain_group(pm, pv, cidx, vcol, 0, D);
-    if (groups > 1) gb = chain_group(pm, pv, cidx, vcol, 8, D);
-    for (int gi = 0; gi < groups; gi += 2) {
-        run(ga);
-        if (gi + 2 < groups) ga = chain_group(pm, pv, cidx, vcol, 8 * (gi + 2), D);
-        if (gi + 1 < groups) {
-            run(gb);
-            if (gi + 3 < groups) gb = chain_group(pm, pv, cidx, vcol, 8 * (gi + 3), D);
-        }
-    }
-    int k = 8 * groups;
-    for (; k < cnt; k++) {
-        const float ms = pm[k], vs = pv[k], vv = h2f(vcol[cidx[k] * D]);
-        if (ms != 1.0f) acc = round16(acc * ms);
-        acc = round16(__fmaf_rn(vv, vs, acc));
-        if (lane == 0) ssum = __fmaf_rn(ssum, ms, vs);
-    }
+    if (cnt == (int)cells) attn_chain<true>(fac, cidx, gmask, vsh + cd, D, cnt, lane, acc, ssum);
+    else attn_chain<false>(fac, cidx, gmask, vsh + cd, D, cnt, lane, acc, ssum);
     // 6. The output: dimension `tid` of the head; warp w holds block w.
     const float s = __shfl_sync(FULL_MASK, ssum, 0);
     const float inv = s == 0.0f ? 0.0f : 1.0f / s;

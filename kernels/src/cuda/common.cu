@@ -191,6 +191,14 @@ DEV float glibc_expf(float x) {
     return __double2float_rn(y);
 }
 
+// glibc_expf's table (256 bytes, up to three 128-byte lines) asked of L1 by
+// threads t < 3: kernels that call it after their wait issue this before,
+// so the table load is an L1 hit instead of a constant-cache miss and an
+// L2 round trip.
+DEV void prefetch_expf_table(int t) {
+    if (t < 3) asm volatile("prefetch.global.L1 [%0];" ::"l"((const u8*)EXP2F_TAB + min(128 * t, 255)));
+}
+
 // ---- ggml's AVX-512 ggml_v_expf, one lane --------------------------------------
 
 DEV float ggml_v_expf(float x) {

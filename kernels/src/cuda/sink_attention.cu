@@ -610,8 +610,7 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
     for (int hh = warp; hh < SINK_AH && h0 + hh < heads; hh += SINK_AT / 32)
         sink_prefetch((const u8*)(sc_row + (size_t)(h0 + hh) * slots),
                       (size_t)min(limit, SINK_WCAP) * 4, lane, 32);
-    if (tid < 3)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const u8*)EXP2F_TAB + min(128 * tid, 255)));
+    prefetch_expf_table(tid);
 
     // Pass 0: the maxima (each warp its two heads).
     float mA = hA < heads ? sinks[hA] : 0.0f, mB = hB < heads ? sinks[hB] : 0.0f;
