@@ -77,32 +77,44 @@ DEV float kv_at(const void* row, int i) {
     return F16 ? h2f(((const u16*)row)[i]) : ((const float*)row)[i];
 }
 
-// ggml's vec_dot_f16 / vec_dot_f32 (AVX-512): four 16-lane fma accumulators
-// per 64 elements, folded (0+2)+(1+3), reduced, the tail added in f64.
+// ggml's vec_dot_f16 / vec_dot_f32 (AVX-512) over the first `body` elements
+// (a multiple of 64): four 16-lane fma accumulators per 64 elements,
+// folded (0+2)+(1+3), reduced. load(s, j, kv) widens elements s + 16j ..
+// s + 16j + 15 into kv.
+template <class Load16>
+DEV float ggml_dot_body(Load16 load, const float* q, int body) {
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int s = 0; s < body; s += 64) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float kv[16];
+            load(s, j, kv);
+#pragma unroll
+            for (int l = 0; l < 16; l++)
+                acc[16 * j + l] = __fmaf_rn(kv[l], q[s + 16 * j + l], acc[16 * j + l]);
+        }
+    }
+    float f[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) f[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    return reduce16_regs(f);
+}
+
+// The whole dot product: the body as above, the tail added in f64.
 // `kreg`: the row's first 64 f16 values already loaded (8 x 16 bytes).
 template <bool K16>
 DEV float attn_dot(const void* krow, const float* q, int d, const uint4* kreg = 0) {
     double total = 0.0;
     const int body = d - d % 64;
     if (body > 0) {
-        float acc[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-        for (int s = 0; s < body; s += 64) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float kv[16];
+        total = (double)ggml_dot_body(
+            [&](int s, int j, float* kv) {
                 if (K16 && kreg && s == 0) unpack16_f16(kreg[2 * j], kreg[2 * j + 1], kv);
                 else load16<K16>(krow, s + 16 * j, kv);
-#pragma unroll
-                for (int l = 0; l < 16; l++)
-                    acc[16 * j + l] = __fmaf_rn(kv[l], q[s + 16 * j + l], acc[16 * j + l]);
-            }
-        }
-        float f[16];
-#pragma unroll
-        for (int l = 0; l < 16; l++) f[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
-        total = (double)reduce16_regs(f);
+            },
+            q, body);
     }
     for (int i = body; i < d; i++) total += (double)(kv_at<K16>(krow, i) * q[i]);
     return __double2float_rn(total);

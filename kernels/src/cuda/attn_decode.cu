@@ -38,25 +38,13 @@ DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
 // ggml's vec_dot_f16 over a staged key row (head_dim a multiple of 64,
 // 16-byte piece p of the row at p ^ sw), as attn_dot<true> computes it.
 DEV float attn_dot_staged(const u8* krow, int sw, const float* q, int d) {
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    for (int s = 0; s < d; s += 64) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
+    return ggml_dot_body(
+        [&](int s, int j, float* kv) {
             const int p = s / 8 + 2 * j;
-            float kv[16];
             unpack16_f16(*(const uint4*)(krow + (p ^ sw) * 16),
                          *(const uint4*)(krow + ((p + 1) ^ sw) * 16), kv);
-#pragma unroll
-            for (int l = 0; l < 16; l++)
-                acc[16 * j + l] = __fmaf_rn(kv[l], q[s + 16 * j + l], acc[16 * j + l]);
-        }
-    }
-    float f[16];
-#pragma unroll
-    for (int l = 0; l < 16; l++) f[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
-    return reduce16_regs(f);
+        },
+        q, d);
 }
 
 // Eight cells of the chain: factors, this thread's value of each (f16
