@@ -154,7 +154,8 @@ fn chunk_cells(head_dim: usize, kv: DType) -> usize {
 /// Dynamic shared memory of the one-chunk kernel: the general body's
 /// layout (attention.cu) or, when larger, the one-pass decode body's
 /// (attn_decode.cu: staged keys and values, the query, the scores and
-/// factors, the visible cells, their count and the new-maximum bits).
+/// factors, glibc_expf's table, the visible cells, their count and the
+/// new-maximum bits).
 fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
     let general = 40 * chunk
         + (2 * chunk).next_multiple_of(16)
@@ -163,6 +164,7 @@ fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
         + 32;
     let decode = 4 * chunk * head_dim
         + 4 * head_dim
+        + 256
         + 12 * chunk
         + 2 * chunk.next_multiple_of(2)
         + 4

@@ -19,7 +19,8 @@
 // - every warp scans the scores for the running maximum itself, so each
 //   thread forms one cell's factors right after (one barrier for both),
 //   and the chain loads the next 8 cells' factors and values while it
-//   works on the current 8;
+//   works on the current 8 (glibc_expf's table is copied into shared
+//   memory before the wait too);
 // - each chain warp holds one 32-value block of the output, so it
 //   quantizes its block from registers.
 
@@ -128,7 +129,8 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     u8* ksh = att_dyn;                                          // [CH][D] f16, swizzled
     u16* vsh = (u16*)(ksh + (size_t)CH * D * 2);                // [CH][D] f16
     float* qs = (float*)(vsh + (size_t)CH * D);                 // [D]
-    float* score = qs + D;                                      // [CH] compact order
+    u64* etab = (u64*)(qs + D);                                 // [32] glibc_expf's table
+    float* score = (float*)(etab + 32);                         // [CH] compact order
     float2* fac = (float2*)(score + CH);                        // [CH] factors (ms, vs)
     u16* cidx = (u16*)(fac + CH);                               // [CH] visible cells
     int* pcount = (int*)(cidx + ((CH + 1) & ~1));               // their count
@@ -175,7 +177,7 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
             if (vis[k]) cidx[at++] = (u16)(lane * per + k);
         if (lane == 31) *pcount = cincl;
     }
-    prefetch_expf_table(tid);
+    if (tid < 32) etab[tid] = EXP2F_TAB[tid];
     pdl_sync();
     // 2. The query, and the rows of the cell this step wrote.
     const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
@@ -215,8 +217,8 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
         if (j < cnt) {
             for (int i = j / per * per; i < j; i++) m = fmaxf(m, score[i]);
             const float sc = score[j];
-            if (sc > m) ms = glibc_expf(m - sc);
-            else vs = glibc_expf(sc - m);
+            if (sc > m) ms = glibc_expf_with(m - sc, etab);
+            else vs = glibc_expf_with(sc - m, etab);
             fac[j] = make_float2(ms, vs);
         }
         const u32 scaled = __ballot_sync(FULL_MASK, ms != 1.0f);

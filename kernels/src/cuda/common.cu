@@ -160,7 +160,9 @@ static __device__ const u64 EXP2F_TAB[32] = {
     0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
 };
 
-DEV float glibc_expf(float x) {
+// `tab`: EXP2F_TAB or a copy of it (shared memory, for kernels that stage it
+// before their wait).
+DEV float glibc_expf_with(float x, const u64* tab) {
     const u32 ux = __float_as_uint(x);
     const u32 abstop = (ux >> 20) & 0x7ffu;
     if (abstop >= 0x42bu) {  // |x| >= 88 or NaN
@@ -180,7 +182,7 @@ DEV float glibc_expf(float x) {
     const u64 ki = (u64)__double_as_longlong(kd0);
     const double kd = __dsub_rn(kd0, shift);
     const double r = __fma_rn(invln2n, xd, -kd);
-    u64 t = EXP2F_TAB[ki % 32];
+    u64 t = tab[ki % 32];
     t += ki << 47;
     const double s = __longlong_as_double((i64)t);
     const double z = __fma_rn(c0, r, c1);
@@ -190,6 +192,8 @@ DEV float glibc_expf(float x) {
     y = __dmul_rn(y, s);
     return __double2float_rn(y);
 }
+
+DEV float glibc_expf(float x) { return glibc_expf_with(x, EXP2F_TAB); }
 
 // glibc_expf's table (256 bytes, up to three 128-byte lines) asked of L1 by
 // threads t < 3: kernels that call it after their wait issue this before,
