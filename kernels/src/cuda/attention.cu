@@ -37,6 +37,19 @@ DEV bool attn_visible(const AttnArgs& a, u32 slot, u32 pos, u32 end) {
     return c <= pos && (a.window == NONE_U32 || pos - c < a.window);
 }
 
+// A step's extent: the positions it ends at, the cells of the cache view
+// it reads, and the padded view the CPU splits in two parts from 512 on.
+struct AttnExtent {
+    u32 end, cells, n_kv;
+};
+DEV AttnExtent attn_extent(const AttnArgs& a, u32 qpos, u32 kv_rows) {
+    const u32 end = qpos + (u32)a.n;
+    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
+    const u32 capacity = a.kv_capacity ? a.kv_capacity : kv_rows;
+    const u32 padded = max((end + 255u) / 256u, 1u) * 256u;
+    return {end, cells, min(padded, capacity)};
+}
+
 // Score scale and soft cap (tanhf is CUDA's here: soft-capped scores are
 // within a few ulp of the CPU's, not bit-exact).
 DEV float attn_scaled(const AttnArgs& a, float s) {
@@ -162,11 +175,8 @@ DEV void attn_chunk_body(const float* q, const u8* kc, const u8* vc, void* out, 
     // before waiting on the kernels before this one.
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
-    const u32 end = qpos + (u32)a.n, pos = qpos + (u32)t;
-    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
-    const u32 capacity = a.kv_capacity ? a.kv_capacity : kv_rows;
-    const u32 padded = max((end + 255u) / 256u, 1u) * 256u;
-    const u32 n_kv = min(padded, capacity);
+    const AttnExtent e = attn_extent(a, qpos, kv_rows);
+    const u32 end = e.end, pos = qpos + (u32)t, cells = e.cells, n_kv = e.n_kv;
     // Cells [lo, hi) of each part (registers, not an indexed array).
     u32 lo0 = 0, hi0 = cells, lo1 = 0, hi1 = 0;
     int parts = 1;
@@ -507,8 +517,8 @@ DEV void attn_tiled_body(const float* q, const u8* kc, const u8* vc, float* out,
     }
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
-    const u32 end = qpos + (u32)a.n;
-    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
+    const AttnExtent e = attn_extent(a, qpos, kv_rows);
+    const u32 end = e.end, cells = e.cells;
     const size_t kvoff = (size_t)kvh * D;
     const u32 first_pos = qpos + row0, last_pos = qpos + row0 + rows - 1;
     // Does the block need tile `ts`? (Skipping a tile no row sees changes

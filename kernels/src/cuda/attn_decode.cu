@@ -29,11 +29,8 @@
 DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
     if (a.n != 1 || gridDim.y != 1) return false;
     if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
-    const u32 end = qpos + 1u;
-    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
-    const u32 capacity = a.kv_capacity ? a.kv_capacity : kv_rows;
-    const u32 padded = max((end + 255u) / 256u, 1u) * 256u;
-    return cells <= a.chunk && min(padded, capacity) < 512u;
+    const AttnExtent e = attn_extent(a, qpos, kv_rows);
+    return e.cells <= a.chunk && e.n_kv < 512u;
 }
 
 // ggml's vec_dot_f16 over a staged key row (head_dim a multiple of 64,
@@ -138,6 +135,9 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     const int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.x, t = a.row_offset;
     const int kvh = h / (a.heads / a.kv_heads);
+    // attn_extent's end and cells for one row, recomputed here: taking the
+    // entry's extent instead re-allocates the whole body's registers, a
+    // change not yet measured on the GPU.
     const u32 end = qpos + 1u, pos = qpos;
     const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(end, kv_rows);
     // The slot this step wrote (read only after the wait).
