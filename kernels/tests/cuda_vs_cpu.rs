@@ -1220,6 +1220,52 @@ fn captured_graph_replays_with_new_step_scalars() {
     }
 }
 
+/// Rows whose mean square lies exactly halfway between two f32s (1 and
+/// 1 + 2^-23): there the tree sum's error bound cannot decide the f32 the
+/// CPU's sequential sum rounds to, so the norm kernels take their in-order
+/// fallback (every warp of the warp-per-block kernel, at 32 and 512 values;
+/// the row kernel at 2048).
+#[test]
+fn norm_quantize_sum_fallback_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(29);
+    for cols in [32usize, 512, 2048] {
+        // n - 1 ones and one v with f32(v * v) = 1 + n 2^-24: the squares
+        // sum to n (1 + 2^-24) exactly.
+        let v = 1.0f32 + (cols as f32) * 2f32.powi(-25);
+        assert_eq!(v * v, 1.0 + (cols as f32) * 2f32.powi(-24));
+        let mut row = vec![1.0f32; cols];
+        row[cols / 3] = v;
+        let halves: Vec<f32> = row.iter().map(|r| r - 0.5).collect();
+        for act in [DType::Q8_1, DType::Q8_0] {
+            let mut mem = HostMemory::default();
+            let x = mem.f32_tensor(&[1, cols], &row).unwrap();
+            let xh = mem.f32_tensor(&[1, cols], &halves).unwrap();
+            let b = mem.f32_tensor(&[1, cols], &vec![0.5f32; cols]).unwrap();
+            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+            let q = mem.zeros(act, &[1, cols]).unwrap();
+            let n = node(Op::RmsNormQuantize { eps: 1e-5 }, vec![x, w], vec![q]);
+            check_exact(
+                g,
+                &format!("rms_norm_quantize {act} 1x{cols} (halfway)"),
+                &n,
+                &mut mem,
+            );
+            let n = node(
+                Op::AddRmsNormQuantize { eps: 1e-5 },
+                vec![xh, b, w],
+                vec![xh, q],
+            );
+            check_exact(
+                g,
+                &format!("add_rms_norm_quantize {act} 1x{cols} (halfway)"),
+                &n,
+                &mut mem,
+            );
+        }
+    }
+}
+
 #[test]
 fn fused_ops_bit_exact() {
     let Some(g) = gpu_or_dry() else { return };
@@ -1231,7 +1277,17 @@ fn fused_ops_bit_exact() {
         DType::F16,
         DType::BF16,
     ] {
-        for (rows, cols) in [(1, 1536), (5, 768), (33, 512), (2, 5120)] {
+        // Up to 1024 values, Q8_0 / Q8_1 rows take the warp-per-block norm.
+        for (rows, cols) in [
+            (1, 1536),
+            (5, 768),
+            (33, 512),
+            (2, 5120),
+            (1, 576),
+            (3, 640),
+            (1, 1024),
+            (2, 32),
+        ] {
             let mut mem = HostMemory::default();
             let x = mem
                 .f32_tensor(&[rows, cols], &rng.rows(rows, cols))

@@ -3,7 +3,9 @@
 // intermediate to memory:
 //
 // - rms_norm then quantize, and add (in place) then rms_norm then quantize:
-//   one warp per row (the exact f64 sum, then the rows' blocks);
+//   a warp per quantized block for Q8_0 / Q8_1 rows of up to 1024 values
+//   (the bounded f64 sum), otherwise one warp per row (the exact f64 sum,
+//   then the rows' blocks);
 // - silu_mul then quantize: one thread per 32-element block (a warp per
 //   256-element Q8_K block);
 // - rope then set_rows: one thread per rotated pair, written converted into
@@ -151,6 +153,68 @@ NORM_QUANT_ENTRIES(q8_1, 1)
 NORM_QUANT_ENTRIES(q8_k, 2)
 NORM_QUANT_ENTRIES(f16, 3)
 NORM_QUANT_ENTRIES(bf16, 4)
+
+// rms_norm (after the in-place add, with ADD) then Q8_0 / Q8_1 (F) for a
+// row of at most 1024 values, a multiple of 32, under the bounded f64 sum
+// (norm_quant_body serves every other case): one block per row, a warp per
+// quantized block, thread c holding element c. Each warp sums its 32
+// squares by a butterfly, the partial sums meet in shared memory after the
+// block's one barrier, and every warp finishes the same tree from them, so
+// every warp derives the same scale (the bound of seq_sum_finish holds for
+// any order; where it does not decide the f32, lane 0 of each warp sums the
+// staged squares in order). The quantization is then one warp reduction
+// (quant_q8_warp) instead of a lane's 32-step loop.
+template <int F, bool ADD>
+DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, float* sum_out,
+                               u8* out, int cols, float eps, int broadcast, int pre) {
+    __shared__ float row[1024];
+    __shared__ double part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = threadIdx.x;  // blockDim.x == cols
+    const size_t at = (size_t)blockIdx.x * cols + c;
+    float wc = pre ? w[c] : 0.0f;
+    pdl_sync();
+    if (!pre) wc = w[c];
+    float v = x[at];
+    if (ADD) {
+        v = v + b[(broadcast ? 0 : (size_t)blockIdx.x * cols) + c];
+        sum_out[at] = v;  // in place when sum_out is x: only this thread reads x[at]
+    }
+    row[c] = v;
+    double s = (double)(v * v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    s = lane < (cols >> 5) ? part[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    auto finish = [&](double sum) { return __double2float_rn(sum / (double)cols); };
+    // The squares are >= 0, so s is also the sum of their magnitudes.
+    const double margin = s * ((double)(cols + 2) * 0x1p-51);
+    float mean = finish(s - margin);
+    if (__float_as_uint(mean) != __float_as_uint(finish(s + margin))) {
+        auto term = [&](int i) -> double { return (double)(row[i] * row[i]); };
+        mean = finish(seq_sum_plain(term, cols));
+    }
+    const float scale = 1.0f / sqrtf(mean + eps);
+    u8* dst = out + (size_t)blockIdx.x * act_row_bytes(F, cols);
+    quant_q8_warp<F>((v * scale) * wc, dst + (size_t)warp * (F == 1 ? 36 : 34));
+}
+
+// (norm_quant_warps_body waits on the kernels before.)
+#define NORM_QUANT_WARPS_ENTRIES(SUFFIX, F)                                                    \
+    extern "C" __global__ void __launch_bounds__(1024) rms_norm_quant_warps_##SUFFIX(          \
+        const float* x, const float* w, u8* out, int cols, float eps, int pre) {               \
+        norm_quant_warps_body<F, false>(x, 0, w, 0, out, cols, eps, 0, pre);                   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_quant_warps_##SUFFIX(      \
+        const float* x, const float* b, const float* w, float* sum_out, u8* out, int cols,     \
+        float eps, int broadcast, int pre) {                                                   \
+        norm_quant_warps_body<F, true>(x, b, w, sum_out, out, cols, eps, broadcast, pre);      \
+    }
+NORM_QUANT_WARPS_ENTRIES(q8_0, 0)
+NORM_QUANT_WARPS_ENTRIES(q8_1, 1)
 
 DEV float silu_mul_value(const float* g, const float* u, size_t i) {
     const float x = g[i];

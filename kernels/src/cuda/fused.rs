@@ -21,6 +21,10 @@ pub(super) const KERNELS: &[&str] = &[
     "add_rms_norm_quant_q8_k",
     "add_rms_norm_quant_f16",
     "add_rms_norm_quant_bf16",
+    "rms_norm_quant_warps_q8_0",
+    "rms_norm_quant_warps_q8_1",
+    "add_rms_norm_quant_warps_q8_0",
+    "add_rms_norm_quant_warps_q8_1",
     "silu_mul_quant_q8_0",
     "silu_mul_quant_q8_1",
     "silu_mul_quant_q8_k",
@@ -42,6 +46,21 @@ fn act_suffix(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
     })
 }
 
+/// The `*_warps_*` norm kernel's name suffix (a warp per quantized block)
+/// when it serves rows of `cols` values quantized to `out` under the sum
+/// `method`: Q8_0 / Q8_1, 32..=1024 values in whole blocks, the bounded sum.
+fn warps_suffix(out: DType, cols: usize, method: i32) -> Option<&'static str> {
+    const BOUNDED: i32 = 3;
+    if method != BOUNDED || cols == 0 || cols % 32 != 0 || cols > 1024 {
+        return None;
+    }
+    match out {
+        DType::Q8_0 => Some("q8_0"),
+        DType::Q8_1 => Some("q8_1"),
+        _ => None,
+    }
+}
+
 pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), OpError> {
     act_suffix(op, out.dtype).map(|_| ())
 }
@@ -61,9 +80,30 @@ pub(super) unsafe fn rms_norm_quantize(
     check_aligned(OP, x, 4)?;
     check_aligned(OP, w, 4)?;
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let rows = x.tensor.rows();
+    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
+    let method = super::launch::f64_sum_method(OP)?;
+    if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
+        return enqueue(
+            stream,
+            kernels
+                .fns
+                .get(OP, &format!("rms_norm_quant_warps_{suffix}"))?,
+            (rows as u32, 1, 1),
+            cols as u32,
+            0,
+            &[
+                Arg::Ptr(x.ptr),
+                Arg::Ptr(w.ptr),
+                Arg::Ptr(out.ptr),
+                Arg::I32(cols as i32),
+                Arg::F32(eps),
+                Arg::I32(w.constant as i32),
+            ],
+            OP,
+        );
+    }
     let name = format!("rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
-    let (stage_bytes, staged) = row_stage(x.tensor.cols());
+    let (stage_bytes, staged) = row_stage(cols);
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
@@ -75,10 +115,10 @@ pub(super) unsafe fn rms_norm_quantize(
             Arg::Ptr(w.ptr),
             Arg::Ptr(out.ptr),
             Arg::I32(rows as i32),
-            Arg::I32(x.tensor.cols() as i32),
+            Arg::I32(cols as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(method),
             Arg::I32(w.constant as i32),
         ],
         OP,
@@ -107,10 +147,34 @@ pub(super) unsafe fn add_rms_norm_quantize(
         check_aligned(OP, t, 4)?;
     }
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let rows = x.tensor.rows();
+    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
     let broadcast = b.tensor.rows() == 1;
+    let method = super::launch::f64_sum_method(OP)?;
+    if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
+        return enqueue(
+            stream,
+            kernels
+                .fns
+                .get(OP, &format!("add_rms_norm_quant_warps_{suffix}"))?,
+            (rows as u32, 1, 1),
+            cols as u32,
+            0,
+            &[
+                Arg::Ptr(x.ptr),
+                Arg::Ptr(b.ptr),
+                Arg::Ptr(w.ptr),
+                Arg::Ptr(sum.ptr),
+                Arg::Ptr(out.ptr),
+                Arg::I32(cols as i32),
+                Arg::F32(eps),
+                Arg::I32(broadcast as i32),
+                Arg::I32(w.constant as i32),
+            ],
+            OP,
+        );
+    }
     let name = format!("add_rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
-    let (stage_bytes, staged) = row_stage(x.tensor.cols());
+    let (stage_bytes, staged) = row_stage(cols);
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
@@ -124,11 +188,11 @@ pub(super) unsafe fn add_rms_norm_quantize(
             Arg::Ptr(sum.ptr),
             Arg::Ptr(out.ptr),
             Arg::I32(rows as i32),
-            Arg::I32(x.tensor.cols() as i32),
+            Arg::I32(cols as i32),
             Arg::F32(eps),
             Arg::I32(broadcast as i32),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(method),
             Arg::I32(w.constant as i32),
         ],
         OP,
