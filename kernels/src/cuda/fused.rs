@@ -51,7 +51,7 @@ fn act_suffix(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
 /// `method`: Q8_0 / Q8_1, 32..=1024 values in whole blocks, the bounded sum.
 fn warps_suffix(out: DType, cols: usize, method: i32) -> Option<&'static str> {
     const BOUNDED: i32 = 3;
-    if method != BOUNDED || cols == 0 || cols % 32 != 0 || cols > 1024 {
+    if method != BOUNDED || cols == 0 || !cols.is_multiple_of(32) || cols > 1024 {
         return None;
     }
     match out {
