@@ -1288,6 +1288,9 @@ fn fused_ops_bit_exact() {
             (1, 1024),
             (2, 32),
         ] {
+            if act == DType::Q8_K && cols % 256 != 0 {
+                continue; // Q8_K rows are whole 256-element blocks
+            }
             let mut mem = HostMemory::default();
             let x = mem
                 .f32_tensor(&[rows, cols], &rng.rows(rows, cols))
