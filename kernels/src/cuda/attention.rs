@@ -153,8 +153,8 @@ fn chunk_cells(head_dim: usize, kv: DType) -> usize {
 
 /// Dynamic shared memory of the one-chunk kernel: the general body's
 /// layout (attention.cu) or, when larger, the one-pass decode body's
-/// (attn_decode.cu: staged keys and values, the query, the scores and
-/// factors, glibc_expf's table, the visible cells, their count and the
+/// (attn_decode.cu: staged keys and values, the query, the warps' maxima,
+/// the factors, glibc_expf's table, the visible cells, their count and the
 /// new-maximum bits).
 fn chunk_shared_bytes(head_dim: usize, kv: DType, chunk: usize) -> usize {
     let general = 40 * chunk

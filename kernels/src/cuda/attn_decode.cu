@@ -16,11 +16,11 @@
 //   depend on positions only;
 // - keys are staged with coalesced copies (16-byte pieces swizzled by row,
 //   so each score thread's reads are free of bank conflicts);
-// - every warp scans the scores for the running maximum itself, so each
-//   thread forms one cell's factors right after (one barrier for both),
-//   and the chain loads the next 8 cells' factors and values while it
-//   works on the current 8 (glibc_expf's table is copied into shared
-//   memory before the wait too);
+// - each thread scores one cell and, after one barrier for the warps'
+//   maxima, forms that cell's factors (a shuffle scan in registers, no
+//   second pass over the scores), and the chain loads the next 8 cells'
+//   factors and values while it works on the current 8 (glibc_expf's
+//   table is copied into shared memory before the wait too);
 // - each chain warp holds one 32-value block of the output, so it
 //   quantizes its block from registers.
 
@@ -30,7 +30,7 @@ DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
     if (a.n != 1 || gridDim.y != 1) return false;
     if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
     const AttnExtent e = attn_extent(a, qpos, kv_rows);
-    return e.cells <= a.chunk && e.n_kv < 512u;
+    return e.cells <= a.chunk && a.chunk <= blockDim.x && e.n_kv < 512u;
 }
 
 // ggml's vec_dot_f16 over a staged key row (head_dim a multiple of 64,
@@ -127,8 +127,8 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     u16* vsh = (u16*)(ksh + (size_t)CH * D * 2);                // [CH][D] f16
     float* qs = (float*)(vsh + (size_t)CH * D);                 // [D]
     u64* etab = (u64*)(qs + D);                                 // [32] glibc_expf's table
-    float* score = (float*)(etab + 32);                         // [CH] compact order
-    float2* fac = (float2*)(score + CH);                        // [CH] factors (ms, vs)
+    float* wmax = (float*)(etab + 32);                          // [CH]: the warps' maxima
+    float2* fac = (float2*)(wmax + CH);                         // [CH] factors (ms, vs)
     u16* cidx = (u16*)(fac + CH);                               // [CH] visible cells
     int* pcount = (int*)(cidx + ((CH + 1) & ~1));               // their count
     u32* gmask = (u32*)(pcount + 1);                            // [CH / 32] ms != 1
@@ -187,36 +187,31 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     cp_async_wait_all();
     __syncthreads();
     const int cnt = *pcount;
-    // 3. Scores of the visible cells, in compact order.
-    for (int j = tid; j < cnt; j += nt) {
-        const int c = cidx[j];
-        score[j] = attn_scaled(a, attn_dot_staged(ksh + (size_t)c * D * 2, c & 7, qs, D));
-    }
-    __syncthreads();
-    // 4. The running maximum before each cell and the online-softmax
-    //    factors: every warp scans the scores (a run of `per` cells per
-    //    lane; a maximum is the same in any order), then thread j forms
-    //    the factors of cell j (one expf per thread, all in parallel).
+    // 3. Scores and factors: thread j scores cell j (compact order), each
+    //    warp scans its scores for the running maximum with shuffles, the
+    //    warps' maxima meet in shared memory after one barrier (a maximum is
+    //    the same in any order), and thread j forms cell j's factors from
+    //    the maximum before it (one expf per thread, all in parallel).
     {
-        const int per = CH / 32, j = tid;
-        float lmax = NEG_INF;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int i = lane * per + k;
-            if (k < per && i < cnt) lmax = fmaxf(lmax, score[i]);
+        const int j = tid;  // blockDim.x >= a.chunk >= cnt (attn_decode_fits)
+        float sc = NEG_INF;
+        if (j < cnt) {
+            const int c = cidx[j];
+            sc = attn_scaled(a, attn_dot_staged(ksh + (size_t)c * D * 2, c & 7, qs, D));
         }
-        float incl = lmax;
+        float incl = sc;
+#pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float v = __shfl_up_sync(FULL_MASK, incl, o);
             if (lane >= o) incl = fmaxf(incl, v);
         }
-        float excl = __shfl_up_sync(FULL_MASK, incl, 1);
-        if (lane == 0) excl = NEG_INF;
-        float m = __shfl_sync(FULL_MASK, excl, (j / per) & 31);  // the runs before j's
+        float m = __shfl_up_sync(FULL_MASK, incl, 1);
+        if (lane == 0) m = NEG_INF;
+        if (lane == 31) wmax[warp] = incl;
+        __syncthreads();
+        for (int w = 0; w < warp; w++) m = fmaxf(m, wmax[w]);
         float ms = 1.0f, vs = 1.0f;
         if (j < cnt) {
-            for (int i = j / per * per; i < j; i++) m = fmaxf(m, score[i]);
-            const float sc = score[j];
             if (sc > m) ms = glibc_expf_with(m - sc, etab);
             else vs = glibc_expf_with(sc - m, etab);
             fac[j] = make_float2(ms, vs);
