@@ -120,16 +120,39 @@ fn matmul_bit_exact_every_format() {
     assert!(failures.is_empty(), "matmul mismatches: {failures:?}");
 }
 
+/// Tall Q8_0 matvecs (the tied output projection and others of 8192 rows
+/// or more) take the staged kernel, alone and as a one-node group; a last
+/// block of fewer than 32 rows, rows ending inside a 16-byte piece, and
+/// long rows (more shared memory than the default limit).
 #[test]
 fn smollm2_output_matvec_bit_exact() {
     let Some(g) = gpu_or_dry() else { return };
     let mut rng = Rng::new(3);
-    let mut mem = HostMemory::default();
-    let w = weights(&mut rng, &mut mem, DType::Q8_0, 49152, 576);
-    let x = mem.f32_tensor(&[1, 576], &rng.rows(1, 576)).unwrap();
-    let o = mem.zeros(DType::F32, &[1, 49152]).unwrap();
-    let n = node(Op::MatMul, vec![x, w], vec![o]);
-    check_exact(g, "matmul q8_0 49152x576 (tied output)", &n, &mut mem);
+    for (m, k) in [(49152, 576), (8200, 64), (8223, 1344), (8224, 2048)] {
+        let mut mem = HostMemory::default();
+        let w = weights(&mut rng, &mut mem, DType::Q8_0, m, k);
+        let x = mem.f32_tensor(&[1, k], &rng.rows(1, k)).unwrap();
+        let o = mem.zeros(DType::F32, &[1, m]).unwrap();
+        let n = node(Op::MatMul, vec![x, w], vec![o]);
+        check_exact(g, &format!("matmul q8_0 {m}x{k}"), &n, &mut mem);
+        let xq = mem
+            .tensor(
+                DType::Q8_0,
+                &[1, k],
+                &quantized(DType::Q8_0, &rng.rows(1, k)),
+            )
+            .unwrap();
+        let n = node(Op::MatMul, vec![xq, w], vec![o]);
+        poison_outputs(&n, &mut mem);
+        let got = run_gpu_group(g, std::slice::from_ref(&n), &mem);
+        let want = run_cpu(&n, &mem).remove(0);
+        assert_same(
+            &format!("matmul q8_0 {m}x{k} (group of one)"),
+            DType::F32,
+            &got[0],
+            &want,
+        );
+    }
 }
 
 #[test]

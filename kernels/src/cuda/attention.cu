@@ -133,19 +133,6 @@ DEV float attn_dot(const void* krow, const float* q, int d, const uint4* kreg = 
     return __double2float_rn(total);
 }
 
-// ---- asynchronous copies (sm_80+) ---------------------------------------------------
-
-DEV u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-DEV void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-
 // ---- one chunk / split KV -------------------------------------------------------
 
 // OUTF: -1 writes f32 rows; 0 / 1 writes them quantized to Q8_0 / Q8_1

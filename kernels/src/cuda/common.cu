@@ -87,6 +87,19 @@ DEV u32 ld_u32_a2(const u8* p) {                         // p is 2-aligned
 DEV u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
 DEV float ld_f16(const u8* p) { return h2f(ld_u16(p)); }
 
+// ---- asynchronous copies (sm_80+) ---------------------------------------------------
+
+DEV u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+DEV void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
 // ---- warp helpers -----------------------------------------------------------
 
 #define FULL_MASK 0xffffffffu

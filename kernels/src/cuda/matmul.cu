@@ -173,6 +173,54 @@ DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int p
     if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
+// Decode matvec of a tall matrix whose blocks are only 2-byte aligned
+// (Q8_0: 34 bytes), where mv_rows32's 2-byte loads make each warp load
+// instruction touch four rows' lines for 16 useful bytes each: 32 rows per
+// block, one contiguous range, copied into shared memory with 16-byte
+// cp.async (before the wait when `pre`: the weights are constant), then
+// each lane computes what mv_rows32 computes, in its order, from there.
+// The weights must be 16-byte aligned (32 rows of F are a multiple of 16
+// bytes); the activation row is staged after them.
+template <class F>
+DEV void mv_block32_staged(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
+    extern __shared__ __align__(16) u8 mm_dyn[];
+    typedef Act<F::HAS_MIN> A;
+    constexpr int ROWS = 32;
+    const int row_bytes = nb * F::BYTES;
+    const int r0 = blockIdx.x * ROWS, rows = min(ROWS, m - r0);
+    u8* ws = mm_dyn;
+    u8* as = mm_dyn + ROWS * row_bytes;
+    const u8* src = w + (size_t)r0 * row_bytes;
+    const int bytes = rows * row_bytes, n16 = bytes >> 4;
+    auto copy = [&]() {
+        for (int i = threadIdx.x; i < n16; i += blockDim.x) cp_async16(ws + 16 * i, src + 16 * i);
+        cp_async_commit();
+        // The last block's rows may end inside a 16-byte piece.
+        for (int i = 16 * n16 + 2 * threadIdx.x; i < bytes; i += 2 * blockDim.x)
+            *(u16*)(ws + i) = ld_u16(src + i);
+    };
+    if (pre) copy();
+    pdl_sync();
+    if (!pre) copy();
+    stage_bytes(as, act, nb * A::BYTES);
+    cp_async_wait_all();
+    __syncthreads();
+    const int k = threadIdx.x & 7, lr = threadIdx.x >> 3;
+    const u8* wr = ws + min(lr, rows - 1) * row_bytes;
+    float acc = 0.0f, summs = 0.0f;
+#pragma unroll 6
+    for (int b = 0; b < nb; b++) {
+        const u8* wb = wr + b * F::BYTES;
+        const u8* ab = as + b * A::BYTES;
+        const float isum = dp4a_f32(F::codes(wb, k), A::quants(ab, k));
+        acc = __fmaf_rn(__fmul_rn(ld_f16(wb), ld_f16(ab)), isum, acc);
+        if (F::HAS_MIN) summs = __fmaf_rn(ld_f16(wb + 2), ld_f16(ab + 2), summs);
+    }
+    float s = hsum8_lanes(acc);
+    if (F::HAS_MIN) s = s + summs;
+    if (k == 0 && r0 + lr < m) out[r0 + lr] = s;
+}
+
 // Prefill: lane k of eight, two weight rows and eight tokens per thread
 // (blockDim / 4 rows x 8 tokens per block); the eight activation rows are staged in
 // shared memory. `summs` of token t is chained by lane t of the group.
@@ -691,6 +739,10 @@ MV_ENTRY(mm_q4_0_t1, FmtQ4_0)
 MV_ENTRY(mm_q4_1_t1, FmtQ4_1)
 MV_ENTRY(mm_q5_0_t1, FmtQ5_0)
 MV_ENTRY(mm_q8_0_t1, FmtQ8_0)
+extern "C" __global__ void __launch_bounds__(256)
+    mm_q8_0_t1_staged(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {
+    mv_block32_staged<FmtQ8_0>(w, act, out, m, nb, pre);
+}
 MM_ENTRY(mm_q4_0_t8, mm_block32_tiled<FmtQ4_0>)
 MM_ENTRY(mm_q4_1_t8, mm_block32_tiled<FmtQ4_1>)
 MM_ENTRY(mm_q5_0_t8, mm_block32_tiled<FmtQ5_0>)

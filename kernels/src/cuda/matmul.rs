@@ -96,6 +96,7 @@ pub(super) const KERNELS: &[&str] = &[
     "mm_q8_0_t1",
     "mm_q8_0_t1_long",
     "mm_q8_0_t8",
+    "mm_q8_0_t1_staged",
     "mm_q4_k_t1",
     "mm_q4_k_t4",
     "mm_q6_k_t1",
@@ -410,6 +411,22 @@ pub(super) unsafe fn launch_group(
         };
         blocks += m.div_ceil(MV_ROWS_PER_BLOCK);
     }
+    // A lone plain matvec of a tall Q8_0 matrix: the staged kernel.
+    if let [mb] = members {
+        if segs[0].mode == 0 {
+            if let Some(bytes) = staged_shared_bytes(kernels, &mb.ins[1]) {
+                return launch_staged(
+                    kernels,
+                    stream,
+                    &mb.ins[1],
+                    x.ptr,
+                    mb.outs[0].ptr,
+                    bytes,
+                    OP,
+                );
+            }
+        }
+    }
     let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
     check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
     enqueue(
@@ -445,7 +462,62 @@ pub(super) const LARGE_SHARED: &[&str] = &[
     "mm_q8_0_t1",
     "mm_q8_0_t1_long",
     "mm_q8_0_t8",
+    "mm_q8_0_t1_staged",
 ];
+
+/// Rows per block of the staged decode matvec (matmul.cu's
+/// `mv_block32_staged`).
+const STAGED_ROWS: usize = 32;
+/// Q8_0 decode matvecs of at least this many rows (an output projection
+/// over the vocabulary) take the staged kernel: their 34-byte blocks are
+/// only 2-byte aligned, so `mv_rows32` loads them in 2-byte pieces.
+const STAGED_MIN_ROWS: usize = 8192;
+
+/// The staged decode matvec's shared memory for weights `w` (32 rows, then
+/// the activation row), when it serves them: Q8_0, tall, 16-byte aligned,
+/// and within the block's shared-memory limit.
+fn staged_shared_bytes(kernels: &CudaKernels, w: &DeviceTensor) -> Option<usize> {
+    let (m, k) = (w.tensor.rows(), w.tensor.cols());
+    if w.tensor.dtype != DType::Q8_0 || m < STAGED_MIN_ROWS || !w.ptr.is_multiple_of(16) {
+        return None;
+    }
+    let bytes = STAGED_ROWS * w.tensor.row_bytes() + vec_dot_type(DType::Q8_0).row_bytes(k)?;
+    (bytes <= kernels.large_shared_limit).then_some(bytes)
+}
+
+/// Launches the staged decode matvec: `out` = the product of `w` with the
+/// quantized activation row at `act`.
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+unsafe fn launch_staged(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    w: &DeviceTensor,
+    act: u64,
+    out: u64,
+    shared_bytes: usize,
+    op: &'static str,
+) -> Result<(), OpError> {
+    let m = w.tensor.rows();
+    enqueue(
+        stream,
+        kernels.fns.get(op, "mm_q8_0_t1_staged")?,
+        (m.div_ceil(STAGED_ROWS) as u32, 1, 1),
+        8 * STAGED_ROWS as u32,
+        shared_bytes as u32,
+        &[
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(act),
+            Arg::Ptr(out),
+            Arg::I32(m as i32),
+            Arg::I32(1),
+            Arg::I32((w.tensor.cols() / 32) as i32),
+            Arg::I32(w.constant as i32),
+        ],
+        op,
+    )
+}
 
 /// How one product is launched.
 struct Plan {
@@ -579,6 +651,11 @@ pub(super) unsafe fn launch(
     }
     if act % natural_alignment(act_dtype) != 0 {
         return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
+    }
+    if n == 1 {
+        if let Some(bytes) = staged_shared_bytes(kernels, w) {
+            return launch_staged(kernels, stream, w, act, out.ptr, bytes, OP);
+        }
     }
     let p = plan(w.tensor.dtype, k, m, n);
     if p.shared_bytes > kernels.large_shared_limit {
