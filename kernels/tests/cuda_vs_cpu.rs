@@ -453,27 +453,31 @@ fn elementwise_bit_exact() {
     }
 }
 
+/// Ties, NaNs, infinities and signed zeros, on rows long enough for the
+/// eight-block cluster (aligned or not, whole 16-byte pieces or not) and on
+/// a short row (one block).
 #[test]
 fn argmax_lowest_index_on_ties() {
     let Some(g) = gpu_or_dry() else { return };
     let mut rng = Rng::new(9);
-    let mut v = rng.vec(6 * 49152, 4.0);
-    v[3] = 9.0; // row 0: ties at 3 and 40000
-    v[40000] = 9.0;
-    v[49152] = f32::NAN; // row 1: NaN at index 0
-    v[2 * 49152 + 7] = f32::NAN; // row 2: a NaN elsewhere
-    v[3 * 49152..4 * 49152].fill(f32::NEG_INFINITY); // row 3: all -inf
-    v[4 * 49152 + 100] = 0.0; // row 4: +-0 ties at the top
-    for x in &mut v[4 * 49152..5 * 49152] {
-        *x = -x.abs() - 1.0;
+    for c in [49152, 49150, 4099, 1000] {
+        let mut v = rng.vec(6 * c, 4.0);
+        v[3] = 9.0; // row 0: ties at 3 and at 4/5 of the row (another block)
+        v[c * 4 / 5] = 9.0;
+        v[c] = f32::NAN; // row 1: NaN at index 0
+        v[2 * c + 7] = f32::NAN; // row 2: a NaN elsewhere
+        v[3 * c..4 * c].fill(f32::NEG_INFINITY); // row 3: all -inf
+        for x in &mut v[4 * c..5 * c] {
+            *x = -x.abs() - 1.0;
+        }
+        v[4 * c + 100] = -0.0; // row 4: +-0 ties at the top
+        v[4 * c + c / 2] = 0.0;
+        let mut mem = HostMemory::default();
+        let x = mem.f32_tensor(&[6, c], &v).unwrap();
+        let o = mem.zeros(DType::I32, &[6]).unwrap();
+        let n = node(Op::Argmax, vec![x], vec![o]);
+        check_exact(g, &format!("argmax 6x{c}"), &n, &mut mem);
     }
-    v[4 * 49152 + 100] = -0.0;
-    v[4 * 49152 + 200] = 0.0;
-    let mut mem = HostMemory::default();
-    let x = mem.f32_tensor(&[6, 49152], &v).unwrap();
-    let o = mem.zeros(DType::I32, &[6]).unwrap();
-    let n = node(Op::Argmax, vec![x], vec![o]);
-    check_exact(g, "argmax", &n, &mut mem);
 }
 
 #[test]

@@ -112,8 +112,9 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
     const int row = blk * (blockDim.x / 8) + (threadIdx.x >> 3);
     const int r = min(row, m - 1);
     const u8* wrow[2] = {w0 + (size_t)r * nb * F::BYTES, NW > 1 ? w1 + (size_t)r * nb * F::BYTES : 0};
-    u32 wq[NW][MV_CHUNK];
-    float wd[NW][MV_CHUNK], wm[NW][MV_CHUNK];
+    // Codes, and the block's f16 scale (and min, in the high half) as one
+    // word: with a min (Q4_1: 20-byte blocks) both are one 4-byte load.
+    u32 wq[NW][MV_CHUNK], wdm[NW][MV_CHUNK];
     auto load = [&](int b0) {
 #pragma unroll
         for (int i = 0; i < NW; i++) {
@@ -121,8 +122,7 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
             for (int j = 0; j < MV_CHUNK; j++) {
                 const u8* wb = wrow[i] + (size_t)min(b0 + j, nb - 1) * F::BYTES;
                 wq[i][j] = F::codes(wb, k);
-                wd[i][j] = ld_f16(wb);
-                wm[i][j] = F::HAS_MIN ? ld_f16(wb + 2) : 0.0f;
+                wdm[i][j] = F::HAS_MIN ? ld_u32_a4(wb) : (u32)ld_u16(wb);
             }
         }
     };
@@ -141,12 +141,17 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
             if (b0 + j < nb) {
                 const u8* ab = mm_dyn + (b0 + j) * A::BYTES;
                 const u32 aq = A::quants(ab, k);
-                const float ad = ld_f16(ab);
+                // Q8_1's d and s side by side (36-byte blocks, 4-aligned).
+                const u32 ads = F::HAS_MIN ? ld_u32_a4(ab) : (u32)ld_u16(ab);
+                const float ad = h2f((u16)ads);
 #pragma unroll
                 for (int i = 0; i < NW; i++) {
                     const float isum = dp4a_f32(wq[i][j], aq);
-                    acc[i] = __fmaf_rn(__fmul_rn(wd[i][j], ad), isum, acc[i]);
-                    if (F::HAS_MIN) summs[i] = __fmaf_rn(wm[i][j], ld_f16(ab + 2), summs[i]);
+                    const float wd = h2f((u16)wdm[i][j]);
+                    acc[i] = __fmaf_rn(__fmul_rn(wd, ad), isum, acc[i]);
+                    if (F::HAS_MIN)
+                        summs[i] = __fmaf_rn(h2f((u16)(wdm[i][j] >> 16)), h2f((u16)(ads >> 16)),
+                                             summs[i]);
                 }
             }
         }
