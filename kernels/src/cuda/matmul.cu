@@ -178,31 +178,37 @@ DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int p
     if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
-// Decode matvec of a tall matrix whose blocks are only 2-byte aligned
-// (Q8_0: 34 bytes), where mv_rows32's 2-byte loads make each warp load
-// instruction touch four rows' lines for 16 useful bytes each: 32 rows per
-// block, one contiguous range, copied into shared memory with 16-byte
-// cp.async (before the wait when `pre`: the weights are constant), then
-// each lane computes what mv_rows32 computes, in its order, from there.
-// The weights must be 16-byte aligned (32 rows of F are a multiple of 16
-// bytes); the activation row is staged after them.
-template <class F>
-DEV void mv_block32_staged(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
+// mv_rows32's products with the weights read from shared memory: block
+// `blk`'s 32 rows of each of NW matrices (w0, and w1 when NW is 2) are one
+// contiguous range per matrix, copied with 16-byte cp.async (before the
+// wait when `pre`: the weights are constant), then the activation row is
+// staged after them, and each lane computes what mv_rows32 computes, in its
+// order. A warp's global loads then move whole lines, where mv_rows32's
+// touch four rows' lines for 16 or 32 useful bytes each (for Q8_0's 34-byte
+// blocks, in 2-byte pieces). blockDim.x is 256 (eight lanes per row); each
+// matrix is 16-byte aligned (32 rows of 32-element blocks are a multiple of
+// 16 bytes). s[i] is valid in the first lane of each group of eight.
+template <class F, int NW>
+DEV void mv_rows32_staged(const u8* w0, const u8* w1, const u8* act, int m, int nb, int* row_out,
+                          float* s, int pre, int blk) {
     extern __shared__ __align__(16) u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
     constexpr int ROWS = 32;
     const int row_bytes = nb * F::BYTES;
-    const int r0 = blockIdx.x * ROWS, rows = min(ROWS, m - r0);
-    u8* ws = mm_dyn;
-    u8* as = mm_dyn + ROWS * row_bytes;
-    const u8* src = w + (size_t)r0 * row_bytes;
+    const int r0 = blk * ROWS, rows = min(ROWS, m - r0);
+    u8* as = mm_dyn + NW * ROWS * row_bytes;
     const int bytes = rows * row_bytes, n16 = bytes >> 4;
     auto copy = [&]() {
-        for (int i = threadIdx.x; i < n16; i += blockDim.x) cp_async16(ws + 16 * i, src + 16 * i);
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const u8* src = (i ? w1 : w0) + (size_t)r0 * row_bytes;
+            u8* dst = mm_dyn + i * ROWS * row_bytes;
+            for (int c = threadIdx.x; c < n16; c += blockDim.x) cp_async16(dst + 16 * c, src + 16 * c);
+            // The last block's rows may end inside a 16-byte piece.
+            for (int c = 16 * n16 + 2 * threadIdx.x; c < bytes; c += 2 * blockDim.x)
+                *(u16*)(dst + c) = ld_u16(src + c);
+        }
         cp_async_commit();
-        // The last block's rows may end inside a 16-byte piece.
-        for (int i = 16 * n16 + 2 * threadIdx.x; i < bytes; i += 2 * blockDim.x)
-            *(u16*)(ws + i) = ld_u16(src + i);
     };
     if (pre) copy();
     pdl_sync();
@@ -211,19 +217,42 @@ DEV void mv_block32_staged(const u8* w, const u8* act, float* out, int m, int nb
     cp_async_wait_all();
     __syncthreads();
     const int k = threadIdx.x & 7, lr = threadIdx.x >> 3;
-    const u8* wr = ws + min(lr, rows - 1) * row_bytes;
-    float acc = 0.0f, summs = 0.0f;
+    const int wr = min(lr, rows - 1) * row_bytes;
+    float acc[NW], summs[NW];
+#pragma unroll
+    for (int i = 0; i < NW; i++) acc[i] = summs[i] = 0.0f;
 #pragma unroll 6
     for (int b = 0; b < nb; b++) {
-        const u8* wb = wr + b * F::BYTES;
         const u8* ab = as + b * A::BYTES;
-        const float isum = dp4a_f32(F::codes(wb, k), A::quants(ab, k));
-        acc = __fmaf_rn(__fmul_rn(ld_f16(wb), ld_f16(ab)), isum, acc);
-        if (F::HAS_MIN) summs = __fmaf_rn(ld_f16(wb + 2), ld_f16(ab + 2), summs);
+        const u32 aq = A::quants(ab, k);
+        const u32 ads = F::HAS_MIN ? ld_u32_a4(ab) : (u32)ld_u16(ab);
+        const float ad = h2f((u16)ads);
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const u8* wb = mm_dyn + i * ROWS * row_bytes + wr + b * F::BYTES;
+            const u32 wdm = F::HAS_MIN ? ld_u32_a4(wb) : (u32)ld_u16(wb);
+            const float isum = dp4a_f32(F::codes(wb, k), aq);
+            acc[i] = __fmaf_rn(__fmul_rn(h2f((u16)wdm), ad), isum, acc[i]);
+            if (F::HAS_MIN)
+                summs[i] = __fmaf_rn(h2f((u16)(wdm >> 16)), h2f((u16)(ads >> 16)), summs[i]);
+        }
     }
-    float s = hsum8_lanes(acc);
-    if (F::HAS_MIN) s = s + summs;
-    if (k == 0 && r0 + lr < m) out[r0 + lr] = s;
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        s[i] = hsum8_lanes(acc[i]);
+        if (F::HAS_MIN) s[i] = s[i] + summs[i];
+    }
+    *row_out = r0 + lr;
+}
+
+// A tall matrix's decode matvec (the staged kernel of matmul.rs: Q8_0
+// output projections over a vocabulary).
+template <class F>
+DEV void mv_block32_staged(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
+    int row;
+    float s;
+    mv_rows32_staged<F, 1>(w, 0, act, m, nb, &row, &s, pre, blockIdx.x);
+    if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
 // Prefill: lane k of eight, two weight rows and eight tokens per thread

@@ -81,6 +81,14 @@ pub(super) const SILU_KERNELS: &[&str] = &[
     "mm_gate_up_silu_q5_0_q8_1",
     "mm_gate_up_silu_q8_0_q8_0",
     "mm_gate_up_silu_q8_0_q8_1",
+    "mm_gate_up_silu_q4_0_q8_0_staged",
+    "mm_gate_up_silu_q4_0_q8_1_staged",
+    "mm_gate_up_silu_q4_1_q8_0_staged",
+    "mm_gate_up_silu_q4_1_q8_1_staged",
+    "mm_gate_up_silu_q5_0_q8_0_staged",
+    "mm_gate_up_silu_q5_0_q8_1_staged",
+    "mm_gate_up_silu_q8_0_q8_0_staged",
+    "mm_gate_up_silu_q8_0_q8_1_staged",
 ];
 
 pub(super) const KERNELS: &[&str] = &[
@@ -283,21 +291,27 @@ pub(super) unsafe fn launch_silu(
     } else {
         "q8_0"
     };
-    let name = if up {
-        format!("mm_gate_up_silu_{fmt}_{act}")
-    } else {
-        format!("mm_silu_{fmt}_{act}")
-    };
     let act_row = vec_dot_type(wg.tensor.dtype).row_bytes(k).unwrap_or(0);
     // These kernels keep the default limit (48 KiB with their 128 bytes of
     // static shared memory): 40,000-odd columns, far past any FFN input.
-    check_act_row(OP, 48 * 1024 - 128, act_row, k)?;
+    const LIMIT: usize = 48 * 1024 - 128;
+    check_act_row(OP, LIMIT, act_row, k)?;
+    // Gate and up rows staged in shared memory (mv_rows32_staged) when both
+    // matrices' 32 rows fit beside the activation row.
+    let staged_bytes = 2 * 32 * wg.tensor.row_bytes() + act_row;
+    let staged =
+        up && staged_bytes <= LIMIT && wg.ptr.is_multiple_of(16) && third.ptr.is_multiple_of(16);
+    let (name, shared) = match (up, staged) {
+        (true, true) => (format!("mm_gate_up_silu_{fmt}_{act}_staged"), staged_bytes),
+        (true, false) => (format!("mm_gate_up_silu_{fmt}_{act}"), act_row),
+        _ => (format!("mm_silu_{fmt}_{act}"), act_row),
+    };
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
         ((m / 32) as u32, 1, 1),
         256,
-        act_row as u32,
+        shared as u32,
         &[
             Arg::Ptr(wg.ptr),
             Arg::Ptr(third.ptr),
