@@ -311,13 +311,16 @@ ROPE_SET_ROWS_ENTRY(bf16, 2)
 // value converted into cache row `start` (from the step scalars), exactly
 // as the separate kernels compute them. D: -1 writes the f32 row itself; 0,
 // 1, 2 write an f32, f16, bf16 cache row. mv_rows32 waits on the kernels
-// before (after its first weight loads when `pre`).
+// before (after its first weight loads when `pre`); CH 0 takes the rows
+// from shared memory (mv_rows32_staged), CH > 0 is mv_rows32's MV_CHUNK.
 template <class F, int CH, bool ROPE, int D>
 DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
                           const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
                           const u32* step, int pre, int blk) {
     int row;
-    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
+    float s;
+    if constexpr (CH == 0) mv_rows32_staged<F, 1>(w, 0, act, m, nb, &row, &s, pre, blk);
+    else s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
     const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
     if ((threadIdx.x & 7) != 0 || row >= m) return;
     float v = s;
@@ -389,6 +392,15 @@ DEV void rows_group_body(const u8* act, int nb, const RowsSeg& s, int blk) {
                                                              : s0;                             \
         if (nb > 24) rows_group_body<F, 48>(act, nb, s, b - s.first_block);                    \
         else rows_group_body<F, 24>(act, nb, s, b - s.first_block);                            \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        mm_rows_group_##FMT##_staged(const u8* act, int nb, int segs, RowsSeg s0, RowsSeg s1,  \
+                                     RowsSeg s2) {                                             \
+        const int b = blockIdx.x;                                                              \
+        const RowsSeg& s = segs > 2 && b >= s2.first_block   ? s2                              \
+                           : segs > 1 && b >= s1.first_block ? s1                              \
+                                                             : s0;                             \
+        rows_group_body<F, 0>(act, nb, s, b - s.first_block);                                  \
     }
 ROWS_GROUP_ENTRY(q4_0, FmtQ4_0)
 ROWS_GROUP_ENTRY(q4_1, FmtQ4_1)

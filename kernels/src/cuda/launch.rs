@@ -85,6 +85,27 @@ pub(crate) fn attn_staging_allowed(op: &'static str) -> Result<bool, OpError> {
     }
 }
 
+/// The environment variable choosing where grouped decode matvecs (q/k/v,
+/// output and down projections) read their weight rows: `staged` (each
+/// block's rows copied into shared memory with 16-byte copies first) or
+/// `direct` (the default: each lane loads its pieces from global memory).
+/// Both give the same bits.
+pub const MATVEC_ROWS_ENV: &str = "WEFT_CUDA_MATVEC_ROWS";
+
+/// Whether grouped decode matvecs stage their weight rows, under
+/// [`MATVEC_ROWS_ENV`] (read once).
+pub(crate) fn matvec_rows_staged(op: &'static str) -> Result<bool, OpError> {
+    static MODE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
+    let v = MODE.get_or_init(|| match std::env::var(MATVEC_ROWS_ENV).as_deref() {
+        Err(_) | Ok("direct") => Ok(false),
+        Ok("staged") => Ok(true),
+        Ok(other) => Err(format!(
+            "{MATVEC_ROWS_ENV}={other:?} is not one of: staged, direct"
+        )),
+    });
+    v.clone().map_err(|m| bad_call(op, m))
+}
+
 /// The environment variable switching programmatic dependent launch off
 /// (`0`) or on (`1`, the default; devices before compute capability 9.0
 /// never use it): every kernel is launched allowed to start

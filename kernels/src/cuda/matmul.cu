@@ -179,21 +179,22 @@ DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int p
 }
 
 // mv_rows32's products with the weights read from shared memory: block
-// `blk`'s 32 rows of each of NW matrices (w0, and w1 when NW is 2) are one
+// `blk`'s rows (blockDim.x / 8 of them) of each of NW matrices (w0, and w1 when NW is 2) are one
 // contiguous range per matrix, copied with 16-byte cp.async (before the
 // wait when `pre`: the weights are constant), then the activation row is
 // staged after them, and each lane computes what mv_rows32 computes, in its
 // order. A warp's global loads then move whole lines, where mv_rows32's
 // touch four rows' lines for 16 or 32 useful bytes each (for Q8_0's 34-byte
-// blocks, in 2-byte pieces). blockDim.x is 256 (eight lanes per row); each
-// matrix is 16-byte aligned (32 rows of 32-element blocks are a multiple of
-// 16 bytes). s[i] is valid in the first lane of each group of eight.
+// blocks, in 2-byte pieces). Eight lanes per row, 8 or 32 rows per block;
+// each matrix is 16-byte aligned (8 rows of 32-element blocks are a
+// multiple of 16 bytes). s[i] is valid in the first lane of each group of
+// eight.
 template <class F, int NW>
 DEV void mv_rows32_staged(const u8* w0, const u8* w1, const u8* act, int m, int nb, int* row_out,
                           float* s, int pre, int blk) {
     extern __shared__ __align__(16) u8 mm_dyn[];
     typedef Act<F::HAS_MIN> A;
-    constexpr int ROWS = 32;
+    const int ROWS = blockDim.x >> 3;
     const int row_bytes = nb * F::BYTES;
     const int r0 = blk * ROWS, rows = min(ROWS, m - r0);
     u8* as = mm_dyn + NW * ROWS * row_bytes;

@@ -22,6 +22,10 @@ pub(super) const GROUP_KERNELS: &[&str] = &[
     "mm_rows_group_q4_1",
     "mm_rows_group_q5_0",
     "mm_rows_group_q8_0",
+    "mm_rows_group_q4_0_staged",
+    "mm_rows_group_q4_1_staged",
+    "mm_rows_group_q5_0_staged",
+    "mm_rows_group_q8_0_staged",
 ];
 
 /// Nodes one grouped launch takes at most (fused.cu's `s0`..`s2`).
@@ -443,12 +447,23 @@ pub(super) unsafe fn launch_group(
     }
     let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
     check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
+    // Weight rows staged in shared memory (fused.cu's CH 0) when asked for
+    // and every member's weights are 16-byte aligned.
+    let staged_bytes = MV_ROWS_PER_BLOCK * k / 32 * wdtype.block_bytes() + act_row;
+    let staged = super::launch::matvec_rows_staged(OP)?
+        && staged_bytes <= kernels.large_shared_limit
+        && members.iter().all(|mb| mb.ins[1].ptr.is_multiple_of(16));
+    let (name, shared) = if staged {
+        (format!("mm_rows_group_{fmt}_staged"), staged_bytes)
+    } else {
+        (format!("mm_rows_group_{fmt}"), act_row)
+    };
     enqueue(
         stream,
-        kernels.fns.get(OP, &format!("mm_rows_group_{fmt}"))?,
+        kernels.fns.get(OP, &name)?,
         (blocks as u32, 1, 1),
         8 * MV_ROWS_PER_BLOCK as u32,
-        act_row as u32,
+        shared as u32,
         &[
             Arg::Ptr(x.ptr),
             Arg::I32((k / 32) as i32),
