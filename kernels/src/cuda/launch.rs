@@ -86,10 +86,11 @@ pub(crate) fn attn_staging_allowed(op: &'static str) -> Result<bool, OpError> {
 }
 
 /// The environment variable choosing where grouped decode matvecs (q/k/v,
-/// output and down projections) read their weight rows: `staged` (each
-/// block's rows copied into shared memory with 16-byte copies first) or
-/// `direct` (the default: each lane loads its pieces from global memory).
-/// Both give the same bits.
+/// output and down projections) read their weight rows: `staged` (the
+/// default: each block's rows copied into shared memory with 16-byte
+/// copies first, so every global load moves whole lines) or `direct` (each
+/// lane loads its 2- and 4-byte pieces from global memory). Both give the
+/// same bits; SmolLM2 on an H200: tg128 0.546 against 0.583 ms per token.
 pub const MATVEC_ROWS_ENV: &str = "WEFT_CUDA_MATVEC_ROWS";
 
 /// Whether grouped decode matvecs stage their weight rows, under
@@ -97,8 +98,8 @@ pub const MATVEC_ROWS_ENV: &str = "WEFT_CUDA_MATVEC_ROWS";
 pub(crate) fn matvec_rows_staged(op: &'static str) -> Result<bool, OpError> {
     static MODE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
     let v = MODE.get_or_init(|| match std::env::var(MATVEC_ROWS_ENV).as_deref() {
-        Err(_) | Ok("direct") => Ok(false),
-        Ok("staged") => Ok(true),
+        Err(_) | Ok("staged") => Ok(true),
+        Ok("direct") => Ok(false),
         Ok(other) => Err(format!(
             "{MATVEC_ROWS_ENV}={other:?} is not one of: staged, direct"
         )),
