@@ -99,25 +99,6 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 #define ARGMAX_CLUSTER 8
 
-DEV u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// Every thread of every block of the cluster; shared-memory writes before
-// it are visible to the cluster's blocks after it.
-DEV void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// A word of block `rank`'s shared memory at the address `p` has in this one.
-DEV u32 cluster_ld_u32(const void* p, u32 rank) {
-    u32 remote, v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
-    return v;
-}
-
 extern "C" __global__ void __cluster_dims__(ARGMAX_CLUSTER, 1, 1) __launch_bounds__(256)
     argmax_f32_cluster(const float* x, i32* out, int rows, int cols) {
     __shared__ float win_v;

@@ -100,6 +100,34 @@ DEV void cp_async16(void* dst, const void* src) {
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
+// ---- thread block clusters (sm_90) --------------------------------------------
+
+DEV u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster; shared-memory writes before
+// it are visible to the cluster's blocks after it.
+DEV void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// A word of block `rank`'s shared memory at the address `p` has in this one.
+DEV u32 cluster_ld_u32(const void* p, u32 rank) {
+    u32 remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+}
+// Stores a word into block `rank`'s shared memory at the address `p` has
+// in this one.
+DEV void cluster_st_u32(void* p, u32 rank, u32 v) {
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+}
+
 // ---- warp helpers -----------------------------------------------------------
 
 #define FULL_MASK 0xffffffffu

@@ -412,16 +412,13 @@ ROWS_GROUP_ENTRY(q8_0, FmtQ8_0)
 // per row as silu_mul computes it, and the block's 32 values quantized as
 // one Q8_0 / Q8_1 block (F) exactly as silu_mul+quantize quantizes them.
 // `pre`: both weight matrices (UP) or the gate's are constant (mv_rows32).
-// STAGED (with UP): the two matrices' rows are read from shared memory
-// (mv_rows32_staged).
-template <class F, bool UP, int OUTF, bool STAGED = false>
+template <class F, bool UP, int OUTF>
 DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m,
                                 int nb, int pre) {
     __shared__ float vals[32];
     int row;
     float s[2];
-    if (UP && STAGED) mv_rows32_staged<F, 2>(wg, wu_or_u, act, m, nb, &row, s, pre, blockIdx.x);
-    else if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s, pre, blockIdx.x);
+    if (UP) mv_rows32<F, 24, 2>(wg, wu_or_u, act, m, nb, &row, s, pre, blockIdx.x);
     else s[0] = mv_row32<F, 24>(wg, act, m, nb, &row, pre, blockIdx.x);
     if ((threadIdx.x & 7) == 0) {
         const float g = s[0];
@@ -432,19 +429,50 @@ DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, 
     if (threadIdx.x < 32) quant_q8_warp<OUTF>(vals[threadIdx.x], out + (size_t)blockIdx.x * (OUTF == 1 ? 36 : 34));
 }
 
-#define MATMUL_SILU_ENTRY(NAME, F, UP, OUTF, STAGED)                                           \
+// The fused gate/up with both matrices' rows staged, as a cluster of two
+// blocks per quantized output block (the one-block form runs on only m / 32
+// SMs): each block stages and multiplies 16 rows of both matrices
+// (mv_rows32_staged, 128 threads), stores its silu(gate) * up values into
+// block 0's shared memory, and after one cluster barrier block 0 quantizes
+// the 32 as the one-block form does.
+template <class F, int OUTF>
+DEV void matmul_silu_quant_pair_body(const u8* wg, const u8* wu, const u8* act, u8* out, int m,
+                                     int nb, int pre) {
+    __shared__ float vals[32];
+    int row;
+    float s[2];
+    mv_rows32_staged<F, 2>(wg, wu, act, m, nb, &row, s, pre, blockIdx.x);
+    const u32 rank = cluster_rank();  // blockIdx.x & 1: which 16 rows of the 32
+    if ((threadIdx.x & 7) == 0) {
+        const float g = s[0], u = s[1];
+        const float v = (g / (1.0f + ggml_v_expf(0.0f - g))) * u;
+        cluster_st_u32(&vals[rank * 16 + (threadIdx.x >> 3)], 0, __float_as_uint(v));
+    }
+    cluster_sync();
+    if (rank == 0 && threadIdx.x < 32)
+        quant_q8_warp<OUTF>(vals[threadIdx.x],
+                            out + (size_t)(blockIdx.x >> 1) * (OUTF == 1 ? 36 : 34));
+}
+
+#define MATMUL_SILU_PAIR_ENTRY(NAME, F, OUTF)                                                  \
+    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128)                \
+        NAME(const u8* wg, const u8* wu, const u8* act, u8* out, int m, int nb, int pre) {     \
+        matmul_silu_quant_pair_body<F, OUTF>(wg, wu, act, out, m, nb, pre);                    \
+    }
+
+#define MATMUL_SILU_ENTRY(NAME, F, UP, OUTF)                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const u8* wg, const u8* wu_or_u, const u8* act, u8* out, int m, int nb,           \
              int pre) {                                                                        \
-        matmul_silu_quant_body<F, UP, OUTF, STAGED>(wg, wu_or_u, act, out, m, nb, pre);        \
+        matmul_silu_quant_body<F, UP, OUTF>(wg, wu_or_u, act, out, m, nb, pre);                \
     }
 #define MATMUL_SILU_FORMAT(FMT, F)                                                             \
-    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0, false)                                \
-    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_1, F, false, 1, false)                                \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0, F, true, 0, false)                         \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1, F, true, 1, false)                         \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0_staged, F, true, 0, true)                   \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1_staged, F, true, 1, true)
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0)                                \
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_1, F, false, 1)                                \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0, F, true, 0)                         \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1, F, true, 1)                         \
+    MATMUL_SILU_PAIR_ENTRY(mm_gate_up_silu_##FMT##_q8_0_pair, F, 0)                            \
+    MATMUL_SILU_PAIR_ENTRY(mm_gate_up_silu_##FMT##_q8_1_pair, F, 1)
 MATMUL_SILU_FORMAT(q4_0, FmtQ4_0)
 MATMUL_SILU_FORMAT(q4_1, FmtQ4_1)
 MATMUL_SILU_FORMAT(q5_0, FmtQ5_0)

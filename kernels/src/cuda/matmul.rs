@@ -85,14 +85,14 @@ pub(super) const SILU_KERNELS: &[&str] = &[
     "mm_gate_up_silu_q5_0_q8_1",
     "mm_gate_up_silu_q8_0_q8_0",
     "mm_gate_up_silu_q8_0_q8_1",
-    "mm_gate_up_silu_q4_0_q8_0_staged",
-    "mm_gate_up_silu_q4_0_q8_1_staged",
-    "mm_gate_up_silu_q4_1_q8_0_staged",
-    "mm_gate_up_silu_q4_1_q8_1_staged",
-    "mm_gate_up_silu_q5_0_q8_0_staged",
-    "mm_gate_up_silu_q5_0_q8_1_staged",
-    "mm_gate_up_silu_q8_0_q8_0_staged",
-    "mm_gate_up_silu_q8_0_q8_1_staged",
+    "mm_gate_up_silu_q4_0_q8_0_pair",
+    "mm_gate_up_silu_q4_0_q8_1_pair",
+    "mm_gate_up_silu_q4_1_q8_0_pair",
+    "mm_gate_up_silu_q4_1_q8_1_pair",
+    "mm_gate_up_silu_q5_0_q8_0_pair",
+    "mm_gate_up_silu_q5_0_q8_1_pair",
+    "mm_gate_up_silu_q8_0_q8_0_pair",
+    "mm_gate_up_silu_q8_0_q8_1_pair",
 ];
 
 pub(super) const KERNELS: &[&str] = &[
@@ -300,21 +300,27 @@ pub(super) unsafe fn launch_silu(
     // static shared memory): 40,000-odd columns, far past any FFN input.
     const LIMIT: usize = 48 * 1024 - 128;
     check_act_row(OP, LIMIT, act_row, k)?;
-    // Gate and up rows staged in shared memory (mv_rows32_staged) when both
-    // matrices' 32 rows fit beside the activation row.
-    let staged_bytes = 2 * 32 * wg.tensor.row_bytes() + act_row;
+    // Gate and up rows staged in shared memory (mv_rows32_staged), a cluster
+    // of two 16-row blocks per quantized block, when both matrices' 16 rows
+    // fit beside the activation row.
+    let staged_bytes = 2 * 16 * wg.tensor.row_bytes() + act_row;
     let staged =
         up && staged_bytes <= LIMIT && wg.ptr.is_multiple_of(16) && third.ptr.is_multiple_of(16);
-    let (name, shared) = match (up, staged) {
-        (true, true) => (format!("mm_gate_up_silu_{fmt}_{act}_staged"), staged_bytes),
-        (true, false) => (format!("mm_gate_up_silu_{fmt}_{act}"), act_row),
-        _ => (format!("mm_silu_{fmt}_{act}"), act_row),
+    let (name, shared, blocks, threads) = match (up, staged) {
+        (true, true) => (
+            format!("mm_gate_up_silu_{fmt}_{act}_pair"),
+            staged_bytes,
+            m / 16,
+            128,
+        ),
+        (true, false) => (format!("mm_gate_up_silu_{fmt}_{act}"), act_row, m / 32, 256),
+        _ => (format!("mm_silu_{fmt}_{act}"), act_row, m / 32, 256),
     };
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
-        ((m / 32) as u32, 1, 1),
-        256,
+        (blocks as u32, 1, 1),
+        threads,
         shared as u32,
         &[
             Arg::Ptr(wg.ptr),
