@@ -77,52 +77,7 @@ pub(super) unsafe fn rms_norm_quantize(
     const OP: &str = "rms_norm_quantize";
     check_arity(OP, ins, outs, 2)?;
     let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
-    check_aligned(OP, x, 4)?;
-    check_aligned(OP, w, 4)?;
-    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
-    let method = super::launch::f64_sum_method(OP)?;
-    if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
-        return enqueue(
-            stream,
-            kernels
-                .fns
-                .get(OP, &format!("rms_norm_quant_warps_{suffix}"))?,
-            (rows as u32, 1, 1),
-            cols as u32,
-            0,
-            &[
-                Arg::Ptr(x.ptr),
-                Arg::Ptr(w.ptr),
-                Arg::Ptr(out.ptr),
-                Arg::I32(cols as i32),
-                Arg::F32(eps),
-                Arg::I32(w.constant as i32),
-            ],
-            OP,
-        );
-    }
-    let name = format!("rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
-    let (stage_bytes, staged) = row_stage(cols);
-    enqueue(
-        stream,
-        kernels.fns.get(OP, &name)?,
-        (rows as u32, 1, 1),
-        32,
-        stage_bytes,
-        &[
-            Arg::Ptr(x.ptr),
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(out.ptr),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::F32(eps),
-            Arg::I32(staged),
-            Arg::I32(method),
-            Arg::I32(w.constant as i32),
-        ],
-        OP,
-    )
+    norm_quantize(kernels, stream, OP, x, None, w, out, eps)
 }
 
 /// # Safety
@@ -143,60 +98,69 @@ pub(super) unsafe fn add_rms_norm_quantize(
         ));
     }
     let (x, b, w, sum, out) = (&ins[0], &ins[1], &ins[2], &outs[0], &outs[1]);
-    for t in [x, b, w, sum] {
-        check_aligned(OP, t, 4)?;
+    norm_quantize(kernels, stream, OP, x, Some((b, sum)), w, out, eps)
+}
+
+/// rms_norm(x) quantized into `out`, or with `add` = (b, sum) rms_norm of
+/// x + b, the sum written to `sum` first: the warp-per-block kernel where
+/// it serves the rows (`warps_suffix`), the row kernel otherwise.
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn norm_quantize(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    op: &'static str,
+    x: &DeviceTensor,
+    add: Option<(&DeviceTensor, &DeviceTensor)>,
+    w: &DeviceTensor,
+    out: &DeviceTensor,
+    eps: f32,
+) -> Result<(), OpError> {
+    for t in [Some(x), Some(w), add.map(|a| a.0), add.map(|a| a.1)]
+        .into_iter()
+        .flatten()
+    {
+        check_aligned(op, t, 4)?;
     }
-    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    check_aligned(op, out, natural_alignment(out.tensor.dtype))?;
     let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
-    let broadcast = b.tensor.rows() == 1;
-    let method = super::launch::f64_sum_method(OP)?;
-    if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
-        return enqueue(
-            stream,
-            kernels
-                .fns
-                .get(OP, &format!("add_rms_norm_quant_warps_{suffix}"))?,
-            (rows as u32, 1, 1),
-            cols as u32,
-            0,
-            &[
-                Arg::Ptr(x.ptr),
-                Arg::Ptr(b.ptr),
-                Arg::Ptr(w.ptr),
-                Arg::Ptr(sum.ptr),
-                Arg::Ptr(out.ptr),
-                Arg::I32(cols as i32),
-                Arg::F32(eps),
-                Arg::I32(broadcast as i32),
-                Arg::I32(w.constant as i32),
-            ],
-            OP,
-        );
+    let method = super::launch::f64_sum_method(op)?;
+    let prefix = if add.is_some() {
+        "add_rms_norm_quant"
+    } else {
+        "rms_norm_quant"
+    };
+    // Pointers: x (, b), w (, sum), out.
+    let mut args = vec![Arg::Ptr(x.ptr)];
+    if let Some((b, _)) = add {
+        args.push(Arg::Ptr(b.ptr));
     }
-    let name = format!("add_rms_norm_quant_{}", act_suffix(OP, out.tensor.dtype)?);
+    args.push(Arg::Ptr(w.ptr));
+    if let Some((_, sum)) = add {
+        args.push(Arg::Ptr(sum.ptr));
+    }
+    args.push(Arg::Ptr(out.ptr));
+    let broadcast = add.map(|(b, _)| Arg::I32((b.tensor.rows() == 1) as i32));
+    if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
+        args.extend([Arg::I32(cols as i32), Arg::F32(eps)]);
+        args.extend(broadcast);
+        args.push(Arg::I32(w.constant as i32));
+        let f = kernels.fns.get(op, &format!("{prefix}_warps_{suffix}"))?;
+        return enqueue(stream, f, (rows as u32, 1, 1), cols as u32, 0, &args, op);
+    }
     let (stage_bytes, staged) = row_stage(cols);
-    enqueue(
-        stream,
-        kernels.fns.get(OP, &name)?,
-        (rows as u32, 1, 1),
-        32,
-        stage_bytes,
-        &[
-            Arg::Ptr(x.ptr),
-            Arg::Ptr(b.ptr),
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(sum.ptr),
-            Arg::Ptr(out.ptr),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::F32(eps),
-            Arg::I32(broadcast as i32),
-            Arg::I32(staged),
-            Arg::I32(method),
-            Arg::I32(w.constant as i32),
-        ],
-        OP,
-    )
+    args.extend([Arg::I32(rows as i32), Arg::I32(cols as i32), Arg::F32(eps)]);
+    args.extend(broadcast);
+    args.extend([
+        Arg::I32(staged),
+        Arg::I32(method),
+        Arg::I32(w.constant as i32),
+    ]);
+    let name = format!("{prefix}_{}", act_suffix(op, out.tensor.dtype)?);
+    let f = kernels.fns.get(op, &name)?;
+    enqueue(stream, f, (rows as u32, 1, 1), 32, stage_bytes, &args, op)
 }
 
 /// # Safety

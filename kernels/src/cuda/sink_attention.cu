@@ -132,16 +132,8 @@ DEV const u8* sink_row_ptr(const SinkGeom& g, int src) {
 
 // ---- asynchronous copies into shared memory (sm_80+) ----
 
-DEV u32 sink_smem(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
 DEV void sink_cp4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sink_smem(dst)), "l"(src));
-}
-DEV void sink_cp16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sink_smem(dst)), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 // Brings the 128-byte lines of [p, p + bytes) into L2.
 DEV void sink_prefetch(const u8* p, size_t bytes, int lane, int lanes) {
@@ -560,7 +552,7 @@ DEV void sink_attend_body(const SinkGeom& g, const float* sinks, const float* sc
                     const int k = p >> 3, q4 = p & 7;
                     const int col = c0 + 4 * q4;
                     if (k < cnt && col < d)
-                        sink_cp16(dst + k * SINK_AC + 4 * q4,
+                        cp_async16(dst + k * SINK_AC + 4 * q4,
                                   sink_row_ptr(g, key_src[kb + k]) + (size_t)col * 4);
                 }
             } else {
