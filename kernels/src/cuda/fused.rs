@@ -125,8 +125,41 @@ unsafe fn norm_quantize(
         check_aligned(op, t, 4)?;
     }
     check_aligned(op, out, natural_alignment(out.tensor.dtype))?;
-    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
     let method = super::launch::f64_sum_method(op)?;
+    let l = norm_launch(op, x, add, w, out, eps, method)?;
+    let f = kernels.fns.get(op, &l.kernel)?;
+    enqueue(
+        stream,
+        f,
+        (l.blocks, 1, 1),
+        l.threads,
+        l.shared,
+        &l.args,
+        op,
+    )
+}
+
+/// How a norm+quantize launches: kernel, grid, block, shared memory and
+/// arguments (in the order of fused.cu's entries).
+struct NormLaunch {
+    kernel: String,
+    blocks: u32,
+    threads: u32,
+    shared: u32,
+    args: Vec<Arg>,
+}
+
+/// [`norm_quantize`]'s launch under the f64 sum `method`.
+fn norm_launch(
+    op: &'static str,
+    x: &DeviceTensor,
+    add: Option<(&DeviceTensor, &DeviceTensor)>,
+    w: &DeviceTensor,
+    out: &DeviceTensor,
+    eps: f32,
+    method: i32,
+) -> Result<NormLaunch, OpError> {
+    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
     let prefix = if add.is_some() {
         "add_rms_norm_quant"
     } else {
@@ -147,8 +180,13 @@ unsafe fn norm_quantize(
         args.extend([Arg::I32(cols as i32), Arg::F32(eps)]);
         args.extend(broadcast);
         args.push(Arg::I32(w.constant as i32));
-        let f = kernels.fns.get(op, &format!("{prefix}_warps_{suffix}"))?;
-        return enqueue(stream, f, (rows as u32, 1, 1), cols as u32, 0, &args, op);
+        return Ok(NormLaunch {
+            kernel: format!("{prefix}_warps_{suffix}"),
+            blocks: rows as u32,
+            threads: cols as u32,
+            shared: 0,
+            args,
+        });
     }
     let (stage_bytes, staged) = row_stage(cols);
     args.extend([Arg::I32(rows as i32), Arg::I32(cols as i32), Arg::F32(eps)]);
@@ -158,9 +196,13 @@ unsafe fn norm_quantize(
         Arg::I32(method),
         Arg::I32(w.constant as i32),
     ]);
-    let name = format!("{prefix}_{}", act_suffix(op, out.tensor.dtype)?);
-    let f = kernels.fns.get(op, &name)?;
-    enqueue(stream, f, (rows as u32, 1, 1), 32, stage_bytes, &args, op)
+    Ok(NormLaunch {
+        kernel: format!("{prefix}_{}", act_suffix(op, out.tensor.dtype)?),
+        blocks: rows as u32,
+        threads: 32,
+        shared: stage_bytes,
+        args,
+    })
 }
 
 /// # Safety
@@ -262,5 +304,67 @@ pub(super) fn rope_params(node: &OpNode) -> Option<RopeParams> {
         weft_ops::Op::RopeSetRows { rope, .. } => Some(*rope),
         weft_ops::Op::MatMulRows { rope, .. } => *rope,
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_graph::BufferId;
+    use weft_ops::Shape;
+
+    fn dev(ptr: u64, dtype: DType, dims: &[usize], constant: bool) -> DeviceTensor {
+        DeviceTensor {
+            ptr,
+            tensor: Tensor::new(BufferId(0), 0, dtype, Shape::new(dims)).unwrap(),
+            constant,
+        }
+    }
+
+    /// The arguments, kind by kind and value by value, in the order of the
+    /// fused.cu entry each launch names (its parameter list, spelled out).
+    #[test]
+    fn norm_launch_arguments_follow_the_kernel_signatures() {
+        let x = dev(0x100, DType::F32, &[3, 576], false);
+        let b = dev(0x200, DType::F32, &[1, 576], false);
+        let w = dev(0x300, DType::F32, &[576], true);
+        let sum = dev(0x400, DType::F32, &[3, 576], false);
+        let out = dev(0x500, DType::Q8_1, &[3, 576], false);
+        let show = |l: &NormLaunch| format!("{} {:?}", l.kernel, l.args);
+        let eps = 0.5;
+        // (x, w, out, cols, eps, pre)
+        let l = norm_launch("t", &x, None, &w, &out, eps, 3).unwrap();
+        assert_eq!(
+            show(&l),
+            "rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(576), F32(0.5), I32(1)]"
+        );
+        assert_eq!((l.blocks, l.threads, l.shared), (3, 576, 0));
+        // (x, b, w, sum_out, out, cols, eps, broadcast, pre)
+        let l = norm_launch("t", &x, Some((&b, &sum)), &w, &out, eps, 3).unwrap();
+        assert_eq!(
+            show(&l),
+            "add_rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(512), Ptr(768), Ptr(1024), Ptr(1280), \
+             I32(576), F32(0.5), I32(1), I32(1)]"
+        );
+        // (x, w, out, rows, cols, eps, staged, method, pre)
+        let l = norm_launch("t", &x, None, &w, &out, eps, 1).unwrap();
+        assert_eq!(
+            show(&l),
+            "rms_norm_quant_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(3), I32(576), F32(0.5), \
+             I32(1), I32(1), I32(1)]"
+        );
+        assert_eq!((l.blocks, l.threads, l.shared), (3, 32, 576 * 4));
+        // (x, b, w, sum_out, out, rows, cols, eps, broadcast, staged, method, pre)
+        let l = norm_launch("t", &x, Some((&sum, &sum)), &w, &out, eps, 0).unwrap();
+        assert_eq!(
+            show(&l),
+            "add_rms_norm_quant_q8_1 [Ptr(256), Ptr(1024), Ptr(768), Ptr(1024), Ptr(1280), \
+             I32(3), I32(576), F32(0.5), I32(0), I32(1), I32(0), I32(1)]"
+        );
+        // Q8_K rows always take the row kernel.
+        let out_k = dev(0x500, DType::Q8_K, &[3, 512], false);
+        let x_k = dev(0x100, DType::F32, &[3, 512], false);
+        let l = norm_launch("t", &x_k, None, &w, &out_k, eps, 3).unwrap();
+        assert_eq!(l.kernel, "rms_norm_quant_q8_k");
     }
 }
