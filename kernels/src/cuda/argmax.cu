@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 #define ARGMAX_CLUSTER 8
 
-extern "C" __global__ void __cluster_dims__(ARGMAX_CLUSTER, 1, 1) __launch_bounds__(256)
+extern "C" __global__ void CLUSTER_DIMS(ARGMAX_CLUSTER) __launch_bounds__(256)
     argmax_f32_cluster(const float* x, i32* out, int rows, int cols) {
     __shared__ float win_v;
     __shared__ int win_i;

@@ -27,7 +27,7 @@ pub(super) unsafe fn launch(
     check_aligned(OP, &ins[0], 4)?;
     check_aligned(OP, &outs[0], 4)?;
     let (rows, cols) = (ins[0].tensor.rows(), ins[0].tensor.cols());
-    let (name, grid, threads) = if cols >= CLUSTER_MIN_COLS {
+    let (name, grid, threads) = if cols >= CLUSTER_MIN_COLS && super::launch::sm90() {
         ("argmax_f32_cluster", rows * CLUSTER_BLOCKS, 256)
     } else {
         ("argmax_f32", rows, 1024)

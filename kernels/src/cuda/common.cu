@@ -101,31 +101,59 @@ DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // ---- thread block clusters (sm_90) --------------------------------------------
+// The cluster kernels (argmax_f32_cluster, mm_gate_up_silu_*_pair) are
+// launched only on compute capability 9.0 or later (launch.rs's `sm90`);
+// for earlier architectures they compile as plain kernels that trap, so
+// the one program still builds there.
+
+#if __CUDA_ARCH__ >= 900
+#define CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define CLUSTER_DIMS(n)
+#endif
 
 DEV u32 cluster_rank() {
+#if __CUDA_ARCH__ >= 900
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
+#else
+    __trap();
+    return 0;
+#endif
 }
 // Every thread of every block of the cluster; shared-memory writes before
 // it are visible to the cluster's blocks after it.
 DEV void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
 }
 // A word of block `rank`'s shared memory at the address `p` has in this one.
 DEV u32 cluster_ld_u32(const void* p, u32 rank) {
+#if __CUDA_ARCH__ >= 900
     u32 remote, v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
     asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
     return v;
+#else
+    __trap();
+    return 0;
+#endif
 }
 // Stores a word into block `rank`'s shared memory at the address `p` has
 // in this one.
 DEV void cluster_st_u32(void* p, u32 rank, u32 v) {
+#if __CUDA_ARCH__ >= 900
     u32 remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
     asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+#else
+    __trap();
+#endif
 }
 
 // ---- warp helpers -----------------------------------------------------------

@@ -455,7 +455,7 @@ DEV void matmul_silu_quant_pair_body(const u8* wg, const u8* wu, const u8* act, 
 }
 
 #define MATMUL_SILU_PAIR_ENTRY(NAME, F, OUTF)                                                  \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128)                \
+    extern "C" __global__ void CLUSTER_DIMS(2) __launch_bounds__(128)                \
         NAME(const u8* wg, const u8* wu, const u8* act, u8* out, int m, int nb, int pre) {     \
         matmul_silu_quant_pair_body<F, OUTF>(wg, wu, act, out, m, nb, pre);                    \
     }

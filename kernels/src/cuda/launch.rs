@@ -127,6 +127,12 @@ pub(crate) fn note_compute_capability(major: i32) {
     }
 }
 
+/// Whether every device loaded so far has compute capability 9.0 or later:
+/// thread block clusters (the `*_cluster` and `*_pair` kernels) need it.
+pub(crate) fn sm90() -> bool {
+    PDL_CAPABLE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether launches use programmatic dependent launch ([`PDL_ENV`], read
 /// once, and a device that has it).
 fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {

@@ -301,11 +301,14 @@ pub(super) unsafe fn launch_silu(
     const LIMIT: usize = 48 * 1024 - 128;
     check_act_row(OP, LIMIT, act_row, k)?;
     // Gate and up rows staged in shared memory (mv_rows32_staged), a cluster
-    // of two 16-row blocks per quantized block, when both matrices' 16 rows
-    // fit beside the activation row.
+    // of two 16-row blocks per quantized block (compute capability 9.0),
+    // when both matrices' 16 rows fit beside the activation row.
     let staged_bytes = 2 * 16 * wg.tensor.row_bytes() + act_row;
-    let staged =
-        up && staged_bytes <= LIMIT && wg.ptr.is_multiple_of(16) && third.ptr.is_multiple_of(16);
+    let staged = up
+        && super::launch::sm90()
+        && staged_bytes <= LIMIT
+        && wg.ptr.is_multiple_of(16)
+        && third.ptr.is_multiple_of(16);
     let (name, shared, blocks, threads) = match (up, staged) {
         (true, true) => (
             format!("mm_gate_up_silu_{fmt}_{act}_pair"),
