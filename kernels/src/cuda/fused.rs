@@ -77,7 +77,13 @@ pub(super) unsafe fn rms_norm_quantize(
     const OP: &str = "rms_norm_quantize";
     check_arity(OP, ins, outs, 2)?;
     let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
-    norm_quantize(kernels, stream, OP, x, None, w, out, eps)
+    let o = NormOperands {
+        x,
+        add: None,
+        w,
+        out,
+    };
+    norm_quantize(kernels, stream, OP, o, eps)
 }
 
 /// # Safety
@@ -98,45 +104,47 @@ pub(super) unsafe fn add_rms_norm_quantize(
         ));
     }
     let (x, b, w, sum, out) = (&ins[0], &ins[1], &ins[2], &outs[0], &outs[1]);
-    norm_quantize(kernels, stream, OP, x, Some((b, sum)), w, out, eps)
+    let o = NormOperands {
+        x,
+        add: Some((b, sum)),
+        w,
+        out,
+    };
+    norm_quantize(kernels, stream, OP, o, eps)
 }
 
-/// rms_norm(x) quantized into `out`, or with `add` = (b, sum) rms_norm of
-/// x + b, the sum written to `sum` first: the warp-per-block kernel where
-/// it serves the rows (`warps_suffix`), the row kernel otherwise.
+/// A norm+quantize's tensors: rms_norm(x) is quantized into `out`, or with
+/// `add` = (b, sum) rms_norm of x + b, the sum written to `sum` first.
+#[derive(Clone, Copy)]
+struct NormOperands<'a> {
+    x: &'a DeviceTensor,
+    add: Option<(&'a DeviceTensor, &'a DeviceTensor)>,
+    w: &'a DeviceTensor,
+    out: &'a DeviceTensor,
+}
+
+/// Launches a norm+quantize: the warp-per-block kernel where it serves the
+/// rows (`warps_suffix`), the row kernel otherwise.
 ///
 /// # Safety
 /// See [`CudaKernels::launch`].
-#[allow(clippy::too_many_arguments)]
 unsafe fn norm_quantize(
     kernels: &CudaKernels,
     stream: &CudaStream,
     op: &'static str,
-    x: &DeviceTensor,
-    add: Option<(&DeviceTensor, &DeviceTensor)>,
-    w: &DeviceTensor,
-    out: &DeviceTensor,
+    o: NormOperands,
     eps: f32,
 ) -> Result<(), OpError> {
-    for t in [Some(x), Some(w), add.map(|a| a.0), add.map(|a| a.1)]
-        .into_iter()
-        .flatten()
-    {
+    let adds = [o.add.map(|a| a.0), o.add.map(|a| a.1)];
+    for t in [Some(o.x), Some(o.w)].into_iter().chain(adds).flatten() {
         check_aligned(op, t, 4)?;
     }
-    check_aligned(op, out, natural_alignment(out.tensor.dtype))?;
+    check_aligned(op, o.out, natural_alignment(o.out.tensor.dtype))?;
     let method = super::launch::f64_sum_method(op)?;
-    let l = norm_launch(op, x, add, w, out, eps, method)?;
+    let l = norm_launch(op, o, eps, method)?;
     let f = kernels.fns.get(op, &l.kernel)?;
-    enqueue(
-        stream,
-        f,
-        (l.blocks, 1, 1),
-        l.threads,
-        l.shared,
-        &l.args,
-        op,
-    )
+    let grid = (l.blocks, 1, 1);
+    enqueue(stream, f, grid, l.threads, l.shared, &l.args, op)
 }
 
 /// How a norm+quantize launches: kernel, grid, block, shared memory and
@@ -152,13 +160,11 @@ struct NormLaunch {
 /// [`norm_quantize`]'s launch under the f64 sum `method`.
 fn norm_launch(
     op: &'static str,
-    x: &DeviceTensor,
-    add: Option<(&DeviceTensor, &DeviceTensor)>,
-    w: &DeviceTensor,
-    out: &DeviceTensor,
+    o: NormOperands,
     eps: f32,
     method: i32,
 ) -> Result<NormLaunch, OpError> {
+    let NormOperands { x, add, w, out } = o;
     let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
     let prefix = if add.is_some() {
         "add_rms_norm_quant"
@@ -333,21 +339,22 @@ mod tests {
         let show = |l: &NormLaunch| format!("{} {:?}", l.kernel, l.args);
         let eps = 0.5;
         // (x, w, out, cols, eps, pre)
-        let l = norm_launch("t", &x, None, &w, &out, eps, 3).unwrap();
+        let ops = |x, add, out| NormOperands { x, add, w: &w, out };
+        let l = norm_launch("t", ops(&x, None, &out), eps, 3).unwrap();
         assert_eq!(
             show(&l),
             "rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(576), F32(0.5), I32(1)]"
         );
         assert_eq!((l.blocks, l.threads, l.shared), (3, 576, 0));
         // (x, b, w, sum_out, out, cols, eps, broadcast, pre)
-        let l = norm_launch("t", &x, Some((&b, &sum)), &w, &out, eps, 3).unwrap();
+        let l = norm_launch("t", ops(&x, Some((&b, &sum)), &out), eps, 3).unwrap();
         assert_eq!(
             show(&l),
             "add_rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(512), Ptr(768), Ptr(1024), Ptr(1280), \
              I32(576), F32(0.5), I32(1), I32(1)]"
         );
         // (x, w, out, rows, cols, eps, staged, method, pre)
-        let l = norm_launch("t", &x, None, &w, &out, eps, 1).unwrap();
+        let l = norm_launch("t", ops(&x, None, &out), eps, 1).unwrap();
         assert_eq!(
             show(&l),
             "rms_norm_quant_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(3), I32(576), F32(0.5), \
@@ -355,7 +362,7 @@ mod tests {
         );
         assert_eq!((l.blocks, l.threads, l.shared), (3, 32, 576 * 4));
         // (x, b, w, sum_out, out, rows, cols, eps, broadcast, staged, method, pre)
-        let l = norm_launch("t", &x, Some((&sum, &sum)), &w, &out, eps, 0).unwrap();
+        let l = norm_launch("t", ops(&x, Some((&sum, &sum)), &out), eps, 0).unwrap();
         assert_eq!(
             show(&l),
             "add_rms_norm_quant_q8_1 [Ptr(256), Ptr(1024), Ptr(768), Ptr(1024), Ptr(1280), \
@@ -364,7 +371,7 @@ mod tests {
         // Q8_K rows always take the row kernel.
         let out_k = dev(0x500, DType::Q8_K, &[3, 512], false);
         let x_k = dev(0x100, DType::F32, &[3, 512], false);
-        let l = norm_launch("t", &x_k, None, &w, &out_k, eps, 3).unwrap();
+        let l = norm_launch("t", ops(&x_k, None, &out_k), eps, 3).unwrap();
         assert_eq!(l.kernel, "rms_norm_quant_q8_k");
     }
 }
