@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -n "${1:-}" ] && export LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}"
 rm -rf .device/ptx && mkdir -p .device/ptx
-WEFT_CUDA_PTX_CACHE="$PWD/.device/ptx" cargo test --release --features cuda -p weft-kernels --lib \
+WEFT_TEST_NVRTC_ARCHS=sm_90 WEFT_CUDA_PTX_CACHE="$PWD/.device/ptx" cargo test --release --features cuda -p weft-kernels --lib \
   sources_compile_with_nvrtc 2>&1 | tail -2
 ls -la .device/ptx
 [ -n "$(ls .device/ptx)" ] || { echo "no PTX written (is libnvrtc.so on LD_LIBRARY_PATH?)"; exit 1; }
