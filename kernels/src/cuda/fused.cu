@@ -216,10 +216,10 @@ DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, f
 NORM_QUANT_WARPS_ENTRIES(q8_0, 0)
 NORM_QUANT_WARPS_ENTRIES(q8_1, 1)
 
-DEV float silu_mul_value(const float* g, const float* u, size_t i) {
-    const float x = g[i];
-    return (x / (1.0f + ggml_v_expf(0.0f - x))) * u[i];
-}
+// silu(g) * u as the CPU's silu_mul computes it.
+DEV float silu_times(float g, float u) { return (g / (1.0f + ggml_v_expf(0.0f - g))) * u; }
+
+DEV float silu_mul_value(const float* g, const float* u, size_t i) { return silu_times(g[i], u[i]); }
 
 // silu(gate) * up, quantized. Rows are contiguous, so block k of the whole
 // tensor is block k of the output.
@@ -311,16 +311,14 @@ ROPE_SET_ROWS_ENTRY(bf16, 2)
 // value converted into cache row `start` (from the step scalars), exactly
 // as the separate kernels compute them. D: -1 writes the f32 row itself; 0,
 // 1, 2 write an f32, f16, bf16 cache row. mv_rows32 waits on the kernels
-// before (after its first weight loads when `pre`); CH 0 takes the rows
-// from shared memory (mv_rows32_staged), CH > 0 is mv_rows32's MV_CHUNK.
+// before (after its first weight loads when `pre`); CH is mv_row32's
+// MV_CHUNK (0: the rows from shared memory).
 template <class F, int CH, bool ROPE, int D>
 DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
                           const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
                           const u32* step, int pre, int blk) {
     int row;
-    float s;
-    if constexpr (CH == 0) mv_rows32_staged<F, 1>(w, 0, act, m, nb, &row, &s, pre, blk);
-    else s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
+    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
     const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
     if ((threadIdx.x & 7) != 0 || row >= m) return;
     float v = s;
@@ -382,25 +380,27 @@ DEV void rows_group_body(const u8* act, int nb, const RowsSeg& s, int blk) {
 #undef ROWS_GROUP_CASE
 }
 
+// The segment block `b` of a grouped launch belongs to.
+DEV const RowsSeg& group_seg(int b, int segs, const RowsSeg& s0, const RowsSeg& s1,
+                             const RowsSeg& s2) {
+    return segs > 2 && b >= s2.first_block ? s2 : segs > 1 && b >= s1.first_block ? s1 : s0;
+}
+
+// mm_rows_group_*: weight pieces loaded by each lane (mv_rows32);
+// mm_rows_group_*_staged: each block's rows copied into shared memory first.
 #define ROWS_GROUP_ENTRY(FMT, F)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         mm_rows_group_##FMT(const u8* act, int nb, int segs, RowsSeg s0, RowsSeg s1,           \
                             RowsSeg s2) {                                                      \
-        const int b = blockIdx.x;                                                              \
-        const RowsSeg& s = segs > 2 && b >= s2.first_block   ? s2                              \
-                           : segs > 1 && b >= s1.first_block ? s1                              \
-                                                             : s0;                             \
-        if (nb > 24) rows_group_body<F, 48>(act, nb, s, b - s.first_block);                    \
-        else rows_group_body<F, 24>(act, nb, s, b - s.first_block);                            \
+        const RowsSeg& s = group_seg(blockIdx.x, segs, s0, s1, s2);                            \
+        if (nb > 24) rows_group_body<F, 48>(act, nb, s, blockIdx.x - s.first_block);           \
+        else rows_group_body<F, 24>(act, nb, s, blockIdx.x - s.first_block);                   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         mm_rows_group_##FMT##_staged(const u8* act, int nb, int segs, RowsSeg s0, RowsSeg s1,  \
                                      RowsSeg s2) {                                             \
-        const int b = blockIdx.x;                                                              \
-        const RowsSeg& s = segs > 2 && b >= s2.first_block   ? s2                              \
-                           : segs > 1 && b >= s1.first_block ? s1                              \
-                                                             : s0;                             \
-        rows_group_body<F, 0>(act, nb, s, b - s.first_block);                                  \
+        const RowsSeg& s = group_seg(blockIdx.x, segs, s0, s1, s2);                            \
+        rows_group_body<F, 0>(act, nb, s, blockIdx.x - s.first_block);                         \
     }
 ROWS_GROUP_ENTRY(q4_0, FmtQ4_0)
 ROWS_GROUP_ENTRY(q4_1, FmtQ4_1)
@@ -423,7 +423,7 @@ DEV void matmul_silu_quant_body(const u8* wg, const u8* wu_or_u, const u8* act, 
     if ((threadIdx.x & 7) == 0) {
         const float g = s[0];
         const float u = UP ? s[1] : ((const float*)wu_or_u)[row];
-        vals[threadIdx.x >> 3] = (g / (1.0f + ggml_v_expf(0.0f - g))) * u;
+        vals[threadIdx.x >> 3] = silu_times(g, u);
     }
     __syncthreads();
     if (threadIdx.x < 32) quant_q8_warp<OUTF>(vals[threadIdx.x], out + (size_t)blockIdx.x * (OUTF == 1 ? 36 : 34));
@@ -444,8 +444,7 @@ DEV void matmul_silu_quant_pair_body(const u8* wg, const u8* wu, const u8* act, 
     mv_rows32_staged<F, 2>(wg, wu, act, m, nb, &row, s, pre, blockIdx.x);
     const u32 rank = cluster_rank();  // blockIdx.x & 1: which 16 rows of the 32
     if ((threadIdx.x & 7) == 0) {
-        const float g = s[0], u = s[1];
-        const float v = (g / (1.0f + ggml_v_expf(0.0f - g))) * u;
+        const float v = silu_times(s[0], s[1]);
         cluster_st_u32(&vals[rank * 16 + (threadIdx.x >> 3)], 0, __float_as_uint(v));
     }
     cluster_sync();
@@ -455,7 +454,7 @@ DEV void matmul_silu_quant_pair_body(const u8* wg, const u8* wu, const u8* act, 
 }
 
 #define MATMUL_SILU_PAIR_ENTRY(NAME, F, OUTF)                                                  \
-    extern "C" __global__ void CLUSTER_DIMS(2) __launch_bounds__(128)                \
+    extern "C" __global__ void CLUSTER_DIMS(2) __launch_bounds__(128)                          \
         NAME(const u8* wg, const u8* wu, const u8* act, u8* out, int m, int nb, int pre) {     \
         matmul_silu_quant_pair_body<F, OUTF>(wg, wu, act, out, m, nb, pre);                    \
     }
@@ -467,10 +466,10 @@ DEV void matmul_silu_quant_pair_body(const u8* wg, const u8* wu, const u8* act, 
         matmul_silu_quant_body<F, UP, OUTF>(wg, wu_or_u, act, out, m, nb, pre);                \
     }
 #define MATMUL_SILU_FORMAT(FMT, F)                                                             \
-    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0)                                \
-    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_1, F, false, 1)                                \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0, F, true, 0)                         \
-    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1, F, true, 1)                         \
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_0, F, false, 0)                                       \
+    MATMUL_SILU_ENTRY(mm_silu_##FMT##_q8_1, F, false, 1)                                       \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_0, F, true, 0)                                \
+    MATMUL_SILU_ENTRY(mm_gate_up_silu_##FMT##_q8_1, F, true, 1)                                \
     MATMUL_SILU_PAIR_ENTRY(mm_gate_up_silu_##FMT##_q8_0_pair, F, 0)                            \
     MATMUL_SILU_PAIR_ENTRY(mm_gate_up_silu_##FMT##_q8_1_pair, F, 1)
 MATMUL_SILU_FORMAT(q4_0, FmtQ4_0)

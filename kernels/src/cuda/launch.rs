@@ -115,28 +115,28 @@ pub(crate) fn matvec_rows_staged(op: &'static str) -> Result<bool, OpError> {
 /// completed, so only the launch latency overlaps, never the work.
 pub const PDL_ENV: &str = "WEFT_CUDA_PDL";
 
-/// Whether every device loaded so far supports programmatic dependent
-/// launch (compute capability 9.0 or later).
-static PDL_CAPABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Whether every device loaded so far has compute capability 9.0 or later
+/// (programmatic dependent launch, thread block clusters).
+static SM90_DEVICES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Records a loaded device's compute capability (major version): below 9,
-/// launches stay plain.
+/// launches stay plain and the cluster kernels are not used.
 pub(crate) fn note_compute_capability(major: i32) {
     if major < 9 {
-        PDL_CAPABLE.store(false, std::sync::atomic::Ordering::Relaxed);
+        SM90_DEVICES.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// Whether every device loaded so far has compute capability 9.0 or later:
 /// thread block clusters (the `*_cluster` and `*_pair` kernels) need it.
 pub(crate) fn sm90() -> bool {
-    PDL_CAPABLE.load(std::sync::atomic::Ordering::Relaxed)
+    SM90_DEVICES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether launches use programmatic dependent launch ([`PDL_ENV`], read
 /// once, and a device that has it).
 fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
-    if !PDL_CAPABLE.load(std::sync::atomic::Ordering::Relaxed) {
+    if !sm90() {
         return Ok(false);
     }
     static PDL: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();

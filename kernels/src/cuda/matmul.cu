@@ -65,6 +65,32 @@ struct Act {
     }
 };
 
+// A block's f16 scale, and with a min (HAS_MIN) the min in the high half,
+// as one word: Q4_1's d and m (20-byte blocks) and Q8_1's d and s (36-byte
+// blocks) are 4-byte aligned, so one load brings both.
+template <int HAS_MIN>
+DEV u32 scale_word(const u8* blk) {
+    return HAS_MIN ? ld_u32_a4(blk) : (u32)ld_u16(blk);
+}
+
+// One block of one row of a decode matvec, in the CPU's order: lane k's
+// integer sum of its four byte products, scaled into `acc`, and the min
+// times the activation block's sum into `summs` (formats with a min).
+template <class F>
+DEV void mv_block_step(u32 codes, u32 wdm, u32 aq, u32 ads, float& acc, float& summs) {
+    const float isum = dp4a_f32(codes, aq);
+    acc = __fmaf_rn(__fmul_rn(h2f((u16)wdm), h2f((u16)ads)), isum, acc);
+    if (F::HAS_MIN) summs = __fmaf_rn(h2f((u16)(wdm >> 16)), h2f((u16)(ads >> 16)), summs);
+}
+
+// A row's product from lane k's `acc` and `summs` (ggml's hsum_float_8,
+// then the mins' sum), valid in the first lane of each group of eight.
+template <class F>
+DEV float mv_row_sum(float acc, float summs) {
+    const float s = hsum8_lanes(acc);
+    return F::HAS_MIN ? s + summs : s;
+}
+
 // Copies `bytes` (a multiple of 2) from global to shared memory with the
 // whole block, in batches of eight independent loads per thread (4-byte
 // words when both ends and the size allow).
@@ -122,7 +148,7 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
             for (int j = 0; j < MV_CHUNK; j++) {
                 const u8* wb = wrow[i] + (size_t)min(b0 + j, nb - 1) * F::BYTES;
                 wq[i][j] = F::codes(wb, k);
-                wdm[i][j] = F::HAS_MIN ? ld_u32_a4(wb) : (u32)ld_u16(wb);
+                wdm[i][j] = scale_word<F::HAS_MIN>(wb);
             }
         }
     };
@@ -140,42 +166,16 @@ DEV void mv_rows32(const u8* w0, const u8* w1, const u8* act, int m, int nb, int
         for (int j = 0; j < MV_CHUNK; j++) {
             if (b0 + j < nb) {
                 const u8* ab = mm_dyn + (b0 + j) * A::BYTES;
-                const u32 aq = A::quants(ab, k);
-                // Q8_1's d and s side by side (36-byte blocks, 4-aligned).
-                const u32 ads = F::HAS_MIN ? ld_u32_a4(ab) : (u32)ld_u16(ab);
-                const float ad = h2f((u16)ads);
+                const u32 aq = A::quants(ab, k), ads = scale_word<F::HAS_MIN>(ab);
 #pragma unroll
-                for (int i = 0; i < NW; i++) {
-                    const float isum = dp4a_f32(wq[i][j], aq);
-                    const float wd = h2f((u16)wdm[i][j]);
-                    acc[i] = __fmaf_rn(__fmul_rn(wd, ad), isum, acc[i]);
-                    if (F::HAS_MIN)
-                        summs[i] = __fmaf_rn(h2f((u16)(wdm[i][j] >> 16)), h2f((u16)(ads >> 16)),
-                                             summs[i]);
-                }
+                for (int i = 0; i < NW; i++)
+                    mv_block_step<F>(wq[i][j], wdm[i][j], aq, ads, acc[i], summs[i]);
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < NW; i++) {
-        s[i] = hsum8_lanes(acc[i]);
-        if (F::HAS_MIN) s[i] = s[i] + summs[i];
-    }
+    for (int i = 0; i < NW; i++) s[i] = mv_row_sum<F>(acc[i], summs[i]);
     *row_out = row;
-}
-
-template <class F, int MV_CHUNK>
-DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out, int pre, int blk) {
-    float s;
-    mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s, pre, blk);
-    return s;
-}
-
-template <class F, int MV_CHUNK>
-DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
-    int row;
-    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row, pre, blockIdx.x);
-    if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
 // mv_rows32's products with the weights read from shared memory: block
@@ -225,34 +225,34 @@ DEV void mv_rows32_staged(const u8* w0, const u8* w1, const u8* act, int m, int 
 #pragma unroll 6
     for (int b = 0; b < nb; b++) {
         const u8* ab = as + b * A::BYTES;
-        const u32 aq = A::quants(ab, k);
-        const u32 ads = F::HAS_MIN ? ld_u32_a4(ab) : (u32)ld_u16(ab);
-        const float ad = h2f((u16)ads);
+        const u32 aq = A::quants(ab, k), ads = scale_word<F::HAS_MIN>(ab);
 #pragma unroll
         for (int i = 0; i < NW; i++) {
             const u8* wb = mm_dyn + i * ROWS * row_bytes + wr + b * F::BYTES;
-            const u32 wdm = F::HAS_MIN ? ld_u32_a4(wb) : (u32)ld_u16(wb);
-            const float isum = dp4a_f32(F::codes(wb, k), aq);
-            acc[i] = __fmaf_rn(__fmul_rn(h2f((u16)wdm), ad), isum, acc[i]);
-            if (F::HAS_MIN)
-                summs[i] = __fmaf_rn(h2f((u16)(wdm >> 16)), h2f((u16)(ads >> 16)), summs[i]);
+            mv_block_step<F>(F::codes(wb, k), scale_word<F::HAS_MIN>(wb), aq, ads, acc[i],
+                             summs[i]);
         }
     }
 #pragma unroll
-    for (int i = 0; i < NW; i++) {
-        s[i] = hsum8_lanes(acc[i]);
-        if (F::HAS_MIN) s[i] = s[i] + summs[i];
-    }
+    for (int i = 0; i < NW; i++) s[i] = mv_row_sum<F>(acc[i], summs[i]);
     *row_out = r0 + lr;
 }
 
-// A tall matrix's decode matvec (the staged kernel of matmul.rs: Q8_0
-// output projections over a vocabulary).
-template <class F>
-DEV void mv_block32_staged(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
-    int row;
+// One matrix's product for this thread's row: MV_CHUNK > 0 is mv_rows32's
+// round of block loads, 0 reads the rows from shared memory
+// (mv_rows32_staged).
+template <class F, int MV_CHUNK>
+DEV float mv_row32(const u8* w, const u8* act, int m, int nb, int* row_out, int pre, int blk) {
     float s;
-    mv_rows32_staged<F, 1>(w, 0, act, m, nb, &row, &s, pre, blockIdx.x);
+    if constexpr (MV_CHUNK == 0) mv_rows32_staged<F, 1>(w, 0, act, m, nb, row_out, &s, pre, blk);
+    else mv_rows32<F, MV_CHUNK, 1>(w, 0, act, m, nb, row_out, &s, pre, blk);
+    return s;
+}
+
+template <class F, int MV_CHUNK>
+DEV void mv_block32(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
+    int row;
+    const float s = mv_row32<F, MV_CHUNK>(w, act, m, nb, &row, pre, blockIdx.x);
     if ((threadIdx.x & 7) == 0 && row < m) out[row] = s;
 }
 
@@ -776,7 +776,7 @@ MV_ENTRY(mm_q5_0_t1, FmtQ5_0)
 MV_ENTRY(mm_q8_0_t1, FmtQ8_0)
 extern "C" __global__ void __launch_bounds__(256)
     mm_q8_0_t1_staged(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {
-    mv_block32_staged<FmtQ8_0>(w, act, out, m, nb, pre);
+    mv_block32<FmtQ8_0, 0>(w, act, out, m, nb, pre);  // staged: a tall Q8_0 matrix
 }
 MM_ENTRY(mm_q4_0_t8, mm_block32_tiled<FmtQ4_0>)
 MM_ENTRY(mm_q4_1_t8, mm_block32_tiled<FmtQ4_1>)

@@ -458,7 +458,7 @@ pub(super) unsafe fn launch_group(
     check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
     // Weight rows staged in shared memory (fused.cu's CH 0) when asked for
     // and every member's weights are 16-byte aligned.
-    let staged_bytes = MV_ROWS_PER_BLOCK * k / 32 * wdtype.block_bytes() + act_row;
+    let staged_bytes = MV_ROWS_PER_BLOCK * w0.tensor.row_bytes() + act_row;
     let staged = super::launch::matvec_rows_staged(OP)?
         && staged_bytes <= kernels.large_shared_limit
         && members.iter().all(|mb| mb.ins[1].ptr.is_multiple_of(16));
@@ -504,7 +504,7 @@ pub(super) const LARGE_SHARED: &[&str] = &[
 ];
 
 /// Rows per block of the staged decode matvec (matmul.cu's
-/// `mv_block32_staged`).
+/// `mm_q8_0_t1_staged`).
 const STAGED_ROWS: usize = 32;
 /// Q8_0 decode matvecs of at least this many rows (an output projection
 /// over the vocabulary) take the staged kernel: their 34-byte blocks are
