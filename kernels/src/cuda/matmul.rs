@@ -373,6 +373,20 @@ pub(super) unsafe fn launch_group(
     let (k, wdtype) = (w0.tensor.cols(), w0.tensor.dtype);
     let fmt = block32_name(OP, wdtype)?;
     check_aligned(OP, x, natural_alignment(x.tensor.dtype))?;
+    let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
+    check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
+    // Weight rows staged in shared memory (fused.cu's CH 0) when asked for
+    // and every member's weights are 16-byte aligned, in blocks of
+    // `WEFT_CUDA_MATVEC_BLOCK_ROWS` rows (MV_ROWS_PER_BLOCK unstaged).
+    let staged_rows = super::launch::matvec_block_rows(OP)?;
+    let staged = super::launch::matvec_rows_staged(OP)?
+        && staged_rows * w0.tensor.row_bytes() + act_row <= kernels.large_shared_limit
+        && members.iter().all(|mb| mb.ins[1].ptr.is_multiple_of(16));
+    let block_rows = if staged {
+        staged_rows
+    } else {
+        MV_ROWS_PER_BLOCK
+    };
     let mut segs = [RowsSeg::default(); GROUP_MAX];
     let mut blocks = 0usize;
     for (seg, mb) in segs.iter_mut().zip(members) {
@@ -436,7 +450,7 @@ pub(super) unsafe fn launch_group(
             mode: 4 * mb.rope.is_some() as i32 + d,
             pre: w.constant as i32,
         };
-        blocks += m.div_ceil(MV_ROWS_PER_BLOCK);
+        blocks += m.div_ceil(block_rows);
     }
     // A lone plain matvec of a tall Q8_0 matrix: the staged kernel.
     if let [mb] = members {
@@ -454,16 +468,11 @@ pub(super) unsafe fn launch_group(
             }
         }
     }
-    let act_row = vec_dot_type(wdtype).row_bytes(k).unwrap_or(0);
-    check_act_row(OP, kernels.large_shared_limit, act_row, k)?;
-    // Weight rows staged in shared memory (fused.cu's CH 0) when asked for
-    // and every member's weights are 16-byte aligned.
-    let staged_bytes = MV_ROWS_PER_BLOCK * w0.tensor.row_bytes() + act_row;
-    let staged = super::launch::matvec_rows_staged(OP)?
-        && staged_bytes <= kernels.large_shared_limit
-        && members.iter().all(|mb| mb.ins[1].ptr.is_multiple_of(16));
     let (name, shared) = if staged {
-        (format!("mm_rows_group_{fmt}_staged"), staged_bytes)
+        (
+            format!("mm_rows_group_{fmt}_staged"),
+            block_rows * w0.tensor.row_bytes() + act_row,
+        )
     } else {
         (format!("mm_rows_group_{fmt}"), act_row)
     };
@@ -471,7 +480,7 @@ pub(super) unsafe fn launch_group(
         stream,
         kernels.fns.get(OP, &name)?,
         (blocks as u32, 1, 1),
-        8 * MV_ROWS_PER_BLOCK as u32,
+        8 * block_rows as u32,
         shared as u32,
         &[
             Arg::Ptr(x.ptr),
