@@ -379,13 +379,18 @@ pub(super) unsafe fn launch_group(
     // and every member's weights are 16-byte aligned, in blocks of
     // `WEFT_CUDA_MATVEC_BLOCK_ROWS` rows (MV_ROWS_PER_BLOCK unstaged).
     let staged_rows = super::launch::matvec_block_rows(OP)?;
+    let staged_bytes = staged_rows * w0.tensor.row_bytes() + act_row;
     let staged = super::launch::matvec_rows_staged(OP)?
-        && staged_rows * w0.tensor.row_bytes() + act_row <= kernels.large_shared_limit
+        && staged_bytes <= kernels.large_shared_limit
         && members.iter().all(|mb| mb.ins[1].ptr.is_multiple_of(16));
-    let block_rows = if staged {
-        staged_rows
+    let (block_rows, name, shared) = if staged {
+        (
+            staged_rows,
+            format!("mm_rows_group_{fmt}_staged"),
+            staged_bytes,
+        )
     } else {
-        MV_ROWS_PER_BLOCK
+        (MV_ROWS_PER_BLOCK, format!("mm_rows_group_{fmt}"), act_row)
     };
     let mut segs = [RowsSeg::default(); GROUP_MAX];
     let mut blocks = 0usize;
@@ -468,14 +473,6 @@ pub(super) unsafe fn launch_group(
             }
         }
     }
-    let (name, shared) = if staged {
-        (
-            format!("mm_rows_group_{fmt}_staged"),
-            block_rows * w0.tensor.row_bytes() + act_row,
-        )
-    } else {
-        (format!("mm_rows_group_{fmt}"), act_row)
-    };
     enqueue(
         stream,
         kernels.fns.get(OP, &name)?,
@@ -579,9 +576,10 @@ struct Plan {
 /// MV_CHUNK of the short kernel); longer rows take the `_long` kernel.
 const MV_SHORT_BLOCKS: usize = 24;
 
-/// Weight rows per block of a decode matvec (eight threads each). Fewer
-/// rows per block spread a matrix over more SMs; eight measured best on the
-/// H200 for SmolLM2's shapes (192 to 1536 rows: 2.7-5.0 µs, against
+/// Weight rows per block of a decode matvec that loads its weights directly
+/// (eight threads each; staged grouped ones take `WEFT_CUDA_MATVEC_BLOCK_ROWS`).
+/// Fewer rows per block spread a matrix over more SMs; eight measured best
+/// on the H200 for SmolLM2's shapes (192 to 1536 rows: 2.7-5.0 µs, against
 /// 3.1-5.8 µs at 32 rows per block).
 const MV_ROWS_PER_BLOCK: usize = 8;
 /// Prefill grids of fewer 64-row blocks than this take 32-row blocks.
