@@ -1403,3 +1403,117 @@ fn fused_ops_bit_exact() {
         }
     }
 }
+
+/// Decode attention with its q/k/v projections in one node (what the
+/// fusion pass makes of a layer's `matmul+rope`, `matmul+rope+set_rows`,
+/// `matmul+set_rows` and `attention+quantize`): the CPU's chain bit for
+/// bit, with the key and value projections absorbed or not, in the
+/// one-pass decode body (short contexts) and the general one (700 cells),
+/// over the natural cache views and over the whole cache with the step
+/// scalars (as a replayed decode graph runs it).
+#[test]
+fn qkv_attention_bit_exact() {
+    let Some(g) = gpu_or_dry() else { return };
+    let mut rng = Rng::new(53);
+    let (heads, kvh, d, k, capacity) = (9usize, 3usize, 64usize, 576usize, 1024usize);
+    for wdtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
+        for act in [DType::Q8_1, DType::Q8_0] {
+            for (qp, absorb) in [(0u32, 2), (40, 2), (200, 1), (511, 2), (700, 2), (63, 0)] {
+                let mut mem = HostMemory::default();
+                let adtype = vec_dot_type(wdtype);
+                let x = mem
+                    .tensor(adtype, &[1, k], &quantized(adtype, &rng.rows(1, k)))
+                    .unwrap();
+                let pos = mem
+                    .tensor(DType::I32, &[1], bytemuck::cast_slice(&[qp as i32]))
+                    .unwrap();
+                let mut cache = |mem: &mut HostMemory| {
+                    let c = mem.zeros(DType::F16, &[capacity, kvh * d]).unwrap();
+                    mem.set_f32(&c, &rng.vec(capacity * kvh * d, 1.0)).unwrap();
+                    c
+                };
+                let (kc, vc) = (cache(&mut mem), cache(&mut mem));
+                let wq = weights(&mut rng, &mut mem, wdtype, heads * d, k);
+                let wk = weights(&mut rng, &mut mem, wdtype, kvh * d, k);
+                let wv = weights(&mut rng, &mut mem, wdtype, kvh * d, k);
+                let q = mem.zeros(DType::F32, &[1, heads * d]).unwrap();
+                let out = mem.zeros(act, &[1, heads * d]).unwrap();
+                let rope = RopeParams::plain(RopeMode::Normal, d, d, 10000.0);
+                let write = Some(weft_ops::RowsWrite {
+                    start: qp,
+                    ring: None,
+                });
+                let rows =
+                    |rope, write, ins, out| node(Op::MatMulRows { rope, write }, ins, vec![out]);
+                let qn = rows(Some(rope), None, vec![x, wq, pos], q);
+                let kn = rows(Some(rope), write, vec![x, wk, pos], kc);
+                let vn = rows(None, write, vec![x, wv], vc);
+                let natural = qp as usize + 1;
+                for (view_rows, whole) in [(natural, false), (capacity, true)] {
+                    let p = AttentionParams {
+                        heads,
+                        kv_heads: kvh,
+                        head_dim: d,
+                        scale: 0.125,
+                        q_position: qp,
+                        window: None,
+                        ring: None,
+                        softcap: 0.0,
+                        kv_capacity: capacity as u32,
+                    };
+                    let (kview, vview) = (
+                        kc.rows_view(0, view_rows).unwrap(),
+                        vc.rows_view(0, view_rows).unwrap(),
+                    );
+                    let an = node(Op::AttentionQuantize(p), vec![q, kview, vview], vec![out]);
+                    let mut fused = weft_ops::fused::fuse_pair(&qn, &an, false).expect("q fuses");
+                    for part in [&kn, &vn].into_iter().take(absorb) {
+                        fused = weft_ops::fused::fuse_pair(part, &fused, true).expect("k/v fuse");
+                    }
+                    fused.validate().expect("valid fused node");
+                    let what = format!(
+                        "qkv+attention {wdtype} -> {act} pos={qp} absorbed={absorb} whole={whole}"
+                    );
+                    if !whole {
+                        // The CPU runs the fused node as the recorded chain.
+                        poison_outputs(&fused, &mut mem);
+                        let got = run_cpu(&fused, &mem);
+                        let mut chain = mem.clone();
+                        let absorbed = [&kn, &vn].into_iter().take(absorb);
+                        for part in [&qn].into_iter().chain(absorbed).chain([&an]) {
+                            let outs = run_cpu(part, &chain);
+                            for (t, b) in part.outputs.iter().zip(outs) {
+                                chain.bytes_mut(t).copy_from_slice(&b);
+                            }
+                        }
+                        for (i, t) in fused.outputs.iter().enumerate() {
+                            let what = format!("{what}: the chain's output {i}");
+                            assert_same(&what, t.dtype, &got[i], chain.bytes(t));
+                        }
+                    }
+                    if !whole {
+                        check_exact(g, &what, &fused, &mut mem);
+                        continue;
+                    }
+                    // The whole cache as the views, the extent in the step
+                    // scalars: the natural node's results.
+                    let mut nat = fused.clone();
+                    nat.inputs[1] = kc.rows_view(0, natural).unwrap();
+                    nat.inputs[2] = vc.rows_view(0, natural).unwrap();
+                    poison_outputs(&nat, &mut mem);
+                    let want = run_cpu(&nat, &mem);
+                    let got = match g {
+                        Some(g) => {
+                            let scalars = g.kernels.step_scalars(&nat);
+                            run_gpu_with(Some(g), &fused, &mem, Some(scalars))
+                        }
+                        None => want.clone(),
+                    };
+                    for (i, t) in nat.outputs.iter().enumerate() {
+                        assert_same(&format!("{what} (output {i})"), t.dtype, &got[i], &want[i]);
+                    }
+                }
+            }
+        }
+    }
+}

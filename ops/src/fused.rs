@@ -129,6 +129,41 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[0]]),
             ]
         }
+        Op::ProjAttention(p) => {
+            let absorbed = p.k.is_some() as usize + p.v.is_some() as usize;
+            arity(5 + absorbed, 1 + absorbed)?;
+            let parts_of = ProjParts::of(node);
+            let (x, pos) = (ins[0], ins[4]);
+            let q = scratch(DType::F32, &[x.rows(), ins[3].rows()])?;
+            let mut parts = vec![OpNode::new(
+                Op::MatMulRows {
+                    rope: Some(p.q_rope),
+                    write: None,
+                },
+                vec![x, ins[3], pos],
+                vec![q],
+            )];
+            for (pw, (w, cache)) in [p.k, p.v].into_iter().flatten().zip(parts_of.absorbed) {
+                let mut inputs = vec![x, w];
+                if pw.rope.is_some() {
+                    inputs.push(pos);
+                }
+                parts.push(OpNode::new(
+                    Op::MatMulRows {
+                        rope: pw.rope,
+                        write: Some(pw.write),
+                    },
+                    inputs,
+                    vec![cache],
+                ));
+            }
+            parts.push(OpNode::new(
+                Op::AttentionQuantize(p.attn),
+                vec![q, ins[1], ins[2]],
+                vec![outs[0]],
+            ));
+            parts
+        }
         _ => return Ok(None),
     };
     Ok(Some(parts))
@@ -145,11 +180,68 @@ pub fn starts_pair(op: &Op) -> bool {
             | Op::Add
             | Op::Attention(_)
             | Op::MatMul
-            | Op::MatMulRows {
-                rope: Some(_),
-                write: None
-            }
+            | Op::MatMulRows { .. }
     )
+}
+
+/// The tensors of an [`Op::ProjAttention`] node by role.
+struct ProjParts {
+    /// `(weights, cache)` of the absorbed key, then value, projection.
+    absorbed: Vec<(Tensor, Tensor)>,
+}
+
+impl ProjParts {
+    fn of(node: &OpNode) -> Self {
+        let weights = node.inputs.iter().skip(5).copied();
+        let caches = node.outputs.iter().skip(1).copied();
+        Self {
+            absorbed: weights.zip(caches).collect(),
+        }
+    }
+}
+
+/// A decode projection `first` (a `matmul_rows` writing a cache, reading
+/// the node's activation row) absorbed into `second`'s key (`slot` 1) or
+/// value (`slot` 2) side, when it writes the cache that side reads.
+fn absorb_projection(first: &OpNode, second: &OpNode, slot: usize) -> Option<OpNode> {
+    let Op::ProjAttention(p) = &second.op else {
+        return None;
+    };
+    let Op::MatMulRows {
+        rope,
+        write: Some(write),
+    } = first.op
+    else {
+        return None;
+    };
+    let (cache, view) = (first.outputs[0], second.inputs[slot]);
+    let reads_cache = cache.buffer == view.buffer && cache.offset == view.offset;
+    let same_row = first.inputs[0] == second.inputs[0];
+    let same_positions = rope.is_none() || first.inputs.get(2) == Some(&second.inputs[4]);
+    let taken = if slot == 1 { p.k } else { p.v };
+    if !reads_cache || !same_row || !same_positions || taken.is_some() {
+        return None;
+    }
+    let mut params = **p;
+    let pw = crate::op::ProjWrite { rope, write };
+    if slot == 1 {
+        params.k = Some(pw);
+    } else {
+        params.v = Some(pw);
+    }
+    // Canonical order: the key projection's weights and cache first.
+    let mut absorbed = ProjParts::of(second).absorbed;
+    let at = if slot == 1 { 0 } else { absorbed.len() };
+    absorbed.insert(at, (first.inputs[1], cache));
+    let mut inputs = second.inputs[..5].to_vec();
+    inputs.extend(absorbed.iter().map(|(w, _)| *w));
+    let mut outputs = vec![second.outputs[0]];
+    outputs.extend(absorbed.iter().map(|(_, c)| *c));
+    Some(OpNode::new(
+        Op::ProjAttention(Box::new(params)),
+        inputs,
+        outputs,
+    ))
 }
 
 /// The fused node for `first` followed by `second`, when weft has a fused
@@ -263,6 +355,38 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
                 first.inputs.clone(),
                 second.outputs.clone(),
             ))
+        }
+        // The query projection into attention: the projections it reads
+        // go into one node (the key and value ones below), so a decode
+        // step's attention needs no level of its own for them.
+        (
+            Op::MatMulRows {
+                rope: Some(r),
+                write: None,
+            },
+            Op::AttentionQuantize(p),
+        ) if reads_out(0) && !keep_intermediate && first.inputs[0].rows() == 1 => {
+            Some(OpNode::new(
+                Op::ProjAttention(Box::new(crate::op::ProjAttentionParams {
+                    attn: *p,
+                    q_rope: *r,
+                    k: None,
+                    v: None,
+                })),
+                vec![
+                    first.inputs[0],
+                    second.inputs[1],
+                    second.inputs[2],
+                    first.inputs[1],
+                    first.inputs[2],
+                ],
+                second.outputs.clone(),
+            ))
+        }
+        // A cache-writing projection of the same row into that node (the
+        // cache is read later: the node still writes it).
+        (Op::MatMulRows { write: Some(_), .. }, Op::ProjAttention(_)) => {
+            absorb_projection(first, second, 1).or_else(|| absorb_projection(first, second, 2))
         }
         // In-place residual add, then the next norm: the sum stays written.
         (Op::Add, Op::RmsNormQuantize { eps }) if reads_out(0) && first.inputs[0] == out => {

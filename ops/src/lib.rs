@@ -26,4 +26,6 @@ pub mod reference;
 mod rules;
 
 pub use builder::{Builder, Recorder};
-pub use op::{AttentionParams, Op, OpNode, RopeMode, RopeParams, RowsWrite};
+pub use op::{
+    AttentionParams, Op, OpNode, ProjAttentionParams, ProjWrite, RopeMode, RopeParams, RowsWrite,
+};

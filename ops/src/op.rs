@@ -111,6 +111,54 @@ pub struct AttentionParams {
     pub kv_capacity: u32,
 }
 
+/// A cache-writing decode projection absorbed into [`Op::ProjAttention`]:
+/// its rotation (if any) and where its row is written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProjWrite {
+    /// As in [`Op::MatMulRows`].
+    pub rope: Option<RopeParams>,
+    /// As in [`Op::MatMulRows`].
+    pub write: RowsWrite,
+}
+
+/// Parameters of [`Op::ProjAttention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProjAttentionParams {
+    /// The attention (as in [`Op::AttentionQuantize`]).
+    pub attn: AttentionParams,
+    /// The query projection's rotation.
+    pub q_rope: RopeParams,
+    /// The key projection, when absorbed (its output is the key cache).
+    pub k: Option<ProjWrite>,
+    /// The value projection, when absorbed (its output is the value cache).
+    pub v: Option<ProjWrite>,
+}
+
+impl ProjAttentionParams {
+    /// The same parameters with the values that change per decode step
+    /// (query position, cache rows written) cleared.
+    pub fn structural(&self) -> Self {
+        let clear = |p: Option<ProjWrite>| {
+            p.map(|p| ProjWrite {
+                write: RowsWrite {
+                    start: 0,
+                    ring: p.write.ring,
+                },
+                ..p
+            })
+        };
+        Self {
+            attn: AttentionParams {
+                q_position: 0,
+                ..self.attn
+            },
+            k: clear(self.k),
+            v: clear(self.v),
+            ..*self
+        }
+    }
+}
+
 /// One op with its parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -224,6 +272,16 @@ pub enum Op {
     /// attention rows in an activation format (what the output projection
     /// reads).
     AttentionQuantize(AttentionParams),
+    /// Fused decode attention with the projections it reads (made by the
+    /// fusion pass for a backend that offers it, never recorded): the query
+    /// projection with its rotation (`matmul+rope`), the key and value
+    /// projections written into their caches when absorbed (`matmul+rope+
+    /// set_rows`, `matmul+set_rows`), then `attention+quantize`. Inputs `x`
+    /// (the activation row), the key and value cache views attention reads,
+    /// `w_q`, `positions`, then `w_k` (when `k` is set) and `w_v` (when `v`
+    /// is set); outputs the quantized attention rows, then the key cache
+    /// and the value cache as absorbed. Same bits as the chain.
+    ProjAttention(Box<ProjAttentionParams>),
     /// Writes host bytes captured at record time into the output.
     Write {
         /// The bytes, exactly the output's size.
@@ -306,6 +364,7 @@ impl Op {
                     ..*q
                 }
             }
+            (Op::ProjAttention(p), Op::ProjAttention(q)) => p.structural() == q.structural(),
             (Op::SetRows { ring: a, .. }, Op::SetRows { ring: b, .. }) => a == b,
             (
                 Op::MatMulRows {
@@ -368,6 +427,7 @@ impl Op {
     pub fn attention_params(&self) -> Option<&AttentionParams> {
         match self {
             Op::Attention(p) | Op::AttentionQuantize(p) => Some(p),
+            Op::ProjAttention(p) => Some(&p.attn),
             _ => None,
         }
     }
@@ -410,6 +470,7 @@ impl Op {
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",
+            Op::ProjAttention(_) => "qkv+attention+quantize",
             Op::MatMulSiluQuantize { up: false } => "matmul+silu_mul+quantize",
             Op::MatMulSiluQuantize { up: true } => "gate_up+silu_mul+quantize",
             Op::MatMulRows { rope, write } => match (rope.is_some(), write.is_some()) {
@@ -454,6 +515,19 @@ impl OpNode {
             }
             (Op::MatMulRows { write: Some(w), .. }, Some(dst), Some(x)) => {
                 set_rows_ranges(dst, x.rows(), w.start, w.ring)
+            }
+            (Op::ProjAttention(p), Some(out), Some(x)) => {
+                let mut writes = vec![out.range()];
+                let caches = [p.k, p.v].into_iter().flatten();
+                for (pw, dst) in caches.zip(&self.outputs[1..]) {
+                    writes.extend(set_rows_ranges(
+                        dst,
+                        x.rows(),
+                        pw.write.start,
+                        pw.write.ring,
+                    ));
+                }
+                writes
             }
             _ => self.outputs.iter().map(Tensor::range).collect(),
         };

@@ -224,6 +224,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
+        | Op::ProjAttention(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => {
             // Valid when every op of the chain it stands for is.

@@ -223,4 +223,99 @@ mod tests {
         // A recording of another structure does not take the merges.
         assert_eq!(replay(payloads[1..].to_vec(), &rounds), None);
     }
+
+    /// A layer's q, k and v projections (rope, cache writes) and its
+    /// attention+quantize become one node when the backend offers it: the
+    /// query first (its row is dead), then the cache writers (kept).
+    #[test]
+    fn projections_fold_into_attention() {
+        use weft_ops::{AttentionParams, RopeMode, RopeParams, RowsWrite};
+        let x = t(0, DType::Q8_1, &[1, 64]);
+        let (wq, wk, wv) = (
+            t(1, DType::Q4_1, &[128, 64]),
+            t(2, DType::Q4_1, &[64, 64]),
+            t(3, DType::Q4_1, &[64, 64]),
+        );
+        let pos = t(4, DType::I32, &[1]);
+        let q = t(5, DType::F32, &[1, 128]);
+        let (kc, vc) = (t(6, DType::F16, &[16, 64]), t(7, DType::F16, &[16, 64]));
+        let out = t(8, DType::Q8_1, &[1, 128]);
+        let rope = RopeParams::plain(RopeMode::Normal, 64, 64, 10000.0);
+        let write = Some(RowsWrite {
+            start: 3,
+            ring: None,
+        });
+        let attn = AttentionParams {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            scale: 0.125,
+            q_position: 3,
+            window: None,
+            ring: None,
+            softcap: 0.0,
+            kv_capacity: 16,
+        };
+        let payloads = vec![
+            OpNode::new(
+                Op::MatMulRows {
+                    rope: Some(rope),
+                    write: None,
+                },
+                vec![x, wq, pos],
+                vec![q],
+            ),
+            OpNode::new(
+                Op::MatMulRows {
+                    rope: Some(rope),
+                    write,
+                },
+                vec![x, wk, pos],
+                vec![kc],
+            ),
+            OpNode::new(Op::MatMulRows { rope: None, write }, vec![x, wv], vec![vc]),
+            OpNode::new(
+                Op::AttentionQuantize(attn),
+                vec![q, kc.rows_view(0, 4).unwrap(), vc.rows_view(0, 4).unwrap()],
+                vec![out],
+            ),
+        ];
+        let mut nodes: Vec<Node> = payloads
+            .iter()
+            .map(|p| {
+                let (reads, writes) = p.ranges();
+                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
+            })
+            .collect();
+        let mut fused = payloads.clone();
+        let dead: HashSet<BufferId> = [BufferId(5)].into();
+        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, true);
+        assert_eq!(fused.len(), 1, "{fused:?}");
+        let Op::ProjAttention(p) = &fused[0].op else {
+            panic!("not fused: {:?}", fused[0].op)
+        };
+        assert!(p.k.is_some() && p.v.is_some());
+        assert_eq!(fused[0].outputs, vec![out, kc, vc]);
+        assert_eq!(&fused[0].inputs[5..], &[wk, wv]);
+        assert_eq!(replay(payloads.clone(), &rounds), Some(fused.clone()));
+        // Its chain is the recorded nodes (the query row in scratch).
+        let parts = weft_ops::fused::decompose(&fused[0], |d, dims| {
+            Tensor::new(BufferId(5), 0, d, Shape::new(dims))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(parts, payloads);
+        // A backend without the fused node keeps them apart.
+        let mut kept = payloads.clone();
+        let mut n2: Vec<Node> = payloads
+            .iter()
+            .map(|p| {
+                let (reads, writes) = p.ranges();
+                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
+            })
+            .collect();
+        let no_proj = |n: &OpNode| !matches!(n.op, Op::ProjAttention(_));
+        fuse(&mut n2, &mut kept, &dead, &no_proj, true, true);
+        assert_eq!(kept, payloads);
+    }
 }

@@ -12,13 +12,21 @@ use weft_ops::{Op, OpNode, Shape, Tensor};
 /// capacity. Wider ranges only add conflicts, so a schedule of widened
 /// nodes is valid at every position.
 pub(crate) fn widen(node: &mut Node, payload: &OpNode) {
+    if let Op::ProjAttention(_) = &payload.op {
+        // Attention that also writes the caches it reads: the attention
+        // output, then each cache whole.
+        node.writes = payload.outputs.iter().map(Tensor::range).collect();
+    }
     match &payload.op {
         op if op.writes_cache_rows() => {
             if let Some(dst) = payload.outputs.first() {
                 node.writes = vec![dst.range()];
             }
         }
-        Op::Attention(p) | Op::AttentionQuantize(p) => {
+        op => {
+            let Some(p) = op.attention_params() else {
+                return;
+            };
             for t in payload.inputs.iter().skip(1).take(2) {
                 let cap = p.kv_capacity as usize;
                 if cap <= t.rows() {
@@ -32,7 +40,6 @@ pub(crate) fn widen(node: &mut Node, payload: &OpNode) {
                 widen_read(&mut node.reads, t.range(), full.range());
             }
         }
-        _ => {}
     }
 }
 

@@ -152,13 +152,16 @@ pub(super) unsafe fn run_whole(
     outs: &[HostTensor],
 ) -> Result<(), OpError> {
     let mut scratch: Vec<(Tensor, Vec<u8>)> = Vec::new();
+    // Scratch ids no tensor of the node uses: a part may be a fused op run
+    // whole itself, whose node then names this level's scratch.
+    let taken = |id: u32| ins.iter().chain(outs).any(|t| t.tensor.buffer.0 == id);
+    let mut next = WHOLE_SCRATCH_BASE;
     let parts = weft_ops::fused::decompose(node, |dtype, dims| {
-        let t = Tensor::new(
-            BufferId(WHOLE_SCRATCH_BASE + scratch.len() as u32),
-            0,
-            dtype,
-            Shape::new(dims),
-        )?;
+        while taken(next) {
+            next += 1;
+        }
+        let t = Tensor::new(BufferId(next), 0, dtype, Shape::new(dims))?;
+        next += 1;
         scratch.push((t, vec![0u8; t.bytes() as usize]));
         Ok(t)
     })?

@@ -130,12 +130,13 @@ pub fn supports(node: &OpNode) -> Result<(), OpError> {
         // rows and a rope by rows: apart they use every thread, fused they
         // would run on one (the CPU runs such a node, made elsewhere, as its
         // chain).
-        Op::AttentionQuantize(_) | Op::MatMulRows { .. } | Op::MatMulSiluQuantize { .. } => {
-            Err(OpError::Unsupported {
-                op: node.op.name(),
-                what: "fusing on the CPU (its parts split their work differently)".into(),
-            })
-        }
+        Op::AttentionQuantize(_)
+        | Op::ProjAttention(_)
+        | Op::MatMulRows { .. }
+        | Op::MatMulSiluQuantize { .. } => Err(OpError::Unsupported {
+            op: node.op.name(),
+            what: "fusing on the CPU (its parts split their work differently)".into(),
+        }),
         _ => Ok(()),
     }
 }
@@ -149,6 +150,7 @@ pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
         Op::Attention(p) => attention::split(node.inputs[0].rows(), p, threads),
         Op::Write { .. }
         | Op::AttentionQuantize(_)
+        | Op::ProjAttention(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => WorkSplit::new(1, 1),
         Op::GetRows => WorkSplit::new(
@@ -251,9 +253,10 @@ pub unsafe fn run_item(
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
-        Op::AttentionQuantize(_) | Op::MatMulRows { .. } | Op::MatMulSiluQuantize { .. } => {
-            fused::run_whole(node, ins, outs)
-        }
+        Op::AttentionQuantize(_)
+        | Op::ProjAttention(_)
+        | Op::MatMulRows { .. }
+        | Op::MatMulSiluQuantize { .. } => fused::run_whole(node, ins, outs),
         Op::TailRope(_)
         | Op::HcMix(_)
         | Op::HcCollapse { .. }

@@ -186,6 +186,42 @@ fn tiled_blocks(n: usize) -> usize {
         .count()
 }
 
+/// The one-chunk kernel's arguments for one query row (a decode step) of
+/// `q_cols` values over the f16 or f32 cache `k` (its view's rows), writing
+/// rows of `out_cols`, and its dynamic shared memory.
+pub(super) fn one_row_args(
+    p: &AttentionParams,
+    q_cols: usize,
+    k: &weft_ops::Tensor,
+    out_cols: usize,
+) -> (AttnArgs, usize) {
+    let chunk = chunk_cells(p.head_dim, k.dtype);
+    let args = AttnArgs {
+        heads: p.heads as i32,
+        kv_heads: p.kv_heads as i32,
+        head_dim: p.head_dim as i32,
+        n: 1,
+        q_stride: q_cols as i32,
+        kv_stride: k.cols() as i32,
+        out_stride: out_cols as i32,
+        row_offset: 0,
+        scale: p.scale,
+        softcap: p.softcap,
+        softcap_scale: if p.softcap != 0.0 {
+            p.scale / p.softcap
+        } else {
+            0.0
+        },
+        window: p.window.unwrap_or(u32::MAX),
+        ring: p.ring.unwrap_or(u32::MAX),
+        kv_capacity: p.kv_capacity,
+        q_position: p.q_position,
+        kv_rows: k.rows() as u32,
+        chunk: chunk as u32,
+    };
+    (args, chunk_shared_bytes(p.head_dim, k.dtype, chunk))
+}
+
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(

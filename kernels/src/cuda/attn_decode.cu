@@ -118,9 +118,15 @@ DEV void attn_chain(const float2* f, const u16* ci, const u32* gmask, const u16*
     }
 }
 
-template <int OUTF>
+// The wait on the kernels before: the plain entries' (proj_attn.cu's
+// entries pass one that also computes the query, key and value rows).
+struct PdlWait {
+    __device__ __forceinline__ void operator()() const { pdl_sync(); }
+};
+
+template <int OUTF, class Wait = PdlWait>
 DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
-                          const AttnArgs& a, u32 qpos, u32 kv_rows) {
+                          const AttnArgs& a, u32 qpos, u32 kv_rows, const Wait& wait = Wait()) {
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, CH = (int)a.chunk, W = D / 32;  // W: chain warps
     u8* ksh = att_dyn;                                          // [CH][D] f16, swizzled
@@ -178,7 +184,7 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
         if (lane == 31) *pcount = cincl;
     }
     if (tid < 32) etab[tid] = EXP2F_TAB[tid];
-    pdl_sync();
+    wait();
     // 2. The query, and the rows of the cell this step wrote.
     const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
     for (int d = tid; d < D; d += nt) qs[d] = round16(qrow[d]);

@@ -309,6 +309,7 @@ pub(super) fn rope_params(node: &OpNode) -> Option<RopeParams> {
     match &node.op {
         weft_ops::Op::RopeSetRows { rope, .. } => Some(*rope),
         weft_ops::Op::MatMulRows { rope, .. } => *rope,
+        weft_ops::Op::ProjAttention(p) => Some(p.q_rope),
         _ => None,
     }
 }

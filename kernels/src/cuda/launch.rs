@@ -17,6 +17,7 @@ pub(crate) enum Arg {
     Attn(super::attention::AttnArgs),
     Rope(super::rope::RopeArgs),
     Seg(super::matmul::RowsSeg),
+    Proj(super::proj_attention::ProjArgs),
 }
 
 /// Threads per block of the one-element-per-thread kernels.
@@ -197,6 +198,7 @@ pub(crate) unsafe fn launch(
             Arg::Attn(v) => v as *const super::attention::AttnArgs as *mut c_void,
             Arg::Rope(v) => v as *const super::rope::RopeArgs as *mut c_void,
             Arg::Seg(v) => v as *const super::matmul::RowsSeg as *mut c_void,
+            Arg::Proj(v) => v as *const super::proj_attention::ProjArgs as *mut c_void,
         })
         .collect();
     // Programmatic dependent launch, when on: the only launch attribute.

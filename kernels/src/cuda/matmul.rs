@@ -211,7 +211,7 @@ fn check_act_row(op: &'static str, limit: usize, act_row: usize, k: usize) -> Re
 
 /// The operands the fused decode kernels take: one token of activations
 /// already in the weights' dot type, a 32-element weight format.
-fn decode_operands(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(), OpError> {
+pub(super) fn decode_operands(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(), OpError> {
     block32_name(op, w.dtype)?;
     if x.rows() != 1 || x.dtype != vec_dot_type(w.dtype) {
         return Err(unsupported(
@@ -227,7 +227,7 @@ fn decode_operands(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(), OpErr
 }
 
 /// The 32-element weight formats' kernel-name part.
-fn block32_name(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
+pub(super) fn block32_name(op: &'static str, dtype: DType) -> Result<&'static str, OpError> {
     match dtype {
         DType::Q4_0 => Ok("q4_0"),
         DType::Q4_1 => Ok("q4_1"),

@@ -48,6 +48,7 @@ mod matmul_id;
 mod module;
 mod moe;
 mod norm;
+mod proj_attention;
 mod rope;
 mod rows;
 mod sink_attention;
@@ -58,6 +59,7 @@ pub use cudarc;
 pub use launch::{ATTN_STAGING_ENV, F64_SUM_ENV, PDL_ENV};
 pub use matmul::{GroupKey, GroupMember, GROUP_MAX};
 pub use module::PTX_CACHE_ENV;
+pub use proj_attention::PROJ_ATTENTION_ENV;
 pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
 };
@@ -126,6 +128,7 @@ impl CudaKernels {
             matmul::GROUP_KERNELS,
             matmul::SILU_KERNELS,
             norm::KERNELS,
+            proj_attention::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,
@@ -143,6 +146,7 @@ impl CudaKernels {
             .iter()
             .chain(matmul::GROUP_KERNELS)
             .chain(attention::LARGE_SHARED)
+            .chain(proj_attention::KERNELS)
         {
             // Static and dynamic shared memory together stay within the limit.
             let f = fns.get("matmul", name)?;
@@ -189,6 +193,7 @@ impl CudaKernels {
             Op::SetRows { .. } => rows::supports_set_rows(&node.outputs[0]),
             Op::Attention(p) => attention::supports(node, p),
             Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
+            Op::ProjAttention(p) => proj_attention::supports(node, p, self.large_shared_limit),
             Op::MatMulRows { rope, write } => matmul::supports_rows(node, rope.as_ref(), *write),
             Op::MatMulSiluQuantize { up } => matmul::supports_silu(node, *up),
             Op::Rope(p) => {
@@ -247,6 +252,7 @@ impl CudaKernels {
     pub fn scratch_bytes(&self, node: &OpNode) -> usize {
         match &node.op {
             Op::MatMul => matmul::scratch_bytes(node),
+            Op::ProjAttention(_) => proj_attention::scratch_bytes(node),
             op if dsv4::owns(op) => dsv4::scratch_bytes(node),
             _ => 0,
         }
@@ -259,6 +265,7 @@ impl CudaKernels {
     pub fn step_scalars(&self, node: &OpNode) -> Vec<u32> {
         match &node.op {
             Op::Attention(p) | Op::AttentionQuantize(p) => attention::step_scalars(node, p),
+            Op::ProjAttention(p) => proj_attention::step_scalars(node, p),
             Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
             Op::MatMulRows { write: Some(w), .. } => vec![w.start],
             op if dsv4::owns(op) => dsv4::step_scalars(node),
@@ -279,6 +286,7 @@ impl CudaKernels {
                 q_position: 0,
                 ..*p
             }),
+            Op::ProjAttention(p) => Op::ProjAttention(Box::new(p.structural())),
             Op::MatMulRows {
                 rope,
                 write: Some(w),
@@ -405,6 +413,9 @@ impl CudaKernels {
             Op::Softmax { scale } => softmax::launch(self, s, ins, outs, *scale),
             Op::Attention(p) | Op::AttentionQuantize(p) => {
                 attention::launch(self, s, node, p, ins, outs, step)
+            }
+            Op::ProjAttention(p) => {
+                proj_attention::launch(self, s, node, p, ins, outs, scratch, step)
             }
             Op::SetRows { start, ring } => rows::set_rows(self, s, ins, outs, *start, *ring, step),
             Op::Argmax => argmax::launch(self, s, ins, outs),

@@ -197,6 +197,7 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
+        | Op::ProjAttention(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => {
             return Err(OpError::Record(format!(
