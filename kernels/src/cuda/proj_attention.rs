@@ -1,8 +1,9 @@
 //! Decode attention with the q/k/v projections it reads in one launch
-//! (`qkv+attention+quantize`, proj_attn.cu): each block computes its query
-//! head's rows and its kv head's key and value rows, then attends. A
-//! decode step's attention then needs no level of its own for the
-//! projections (one barrier per layer fewer); the bits are the chain's.
+//! (`qkv+attention+quantize`, proj_attn.cu): a cluster of six blocks per
+//! query head computes the head's query rows and its kv head's key and
+//! value rows, then its first block attends. A decode step's attention
+//! then needs no level of its own for the projections (one barrier per
+//! layer fewer); the bits are the chain's.
 
 use super::launch::{
     bad_call, check_aligned, launch as enqueue, natural_alignment, unsupported, Arg,
@@ -26,8 +27,11 @@ pub(super) const KERNELS: &[&str] = &[
 
 const OP: &str = "qkv+attention+quantize";
 
-/// Threads per block: eight lanes per row of a 64-value head at once.
+/// Threads per block (the attention block's; the others use eight lanes
+/// per row of their half of a head).
 const THREADS: u32 = 512;
+/// Blocks per matrix in a head's cluster (proj_attn.cu's `PROJ_PARTS`).
+const PARTS: usize = 2;
 
 /// The environment variable switching the fused node off (`0`) or on (`1`,
 /// the default). Off, the fusion pass leaves the projections and the
@@ -87,7 +91,7 @@ fn matrices<'a, T>(
 fn shared_layout(p: &ProjAttentionParams, k: &Tensor, w: &Tensor) -> Option<(usize, usize)> {
     let (_, attn) = super::attention::one_row_args(&p.attn, 0, k, 0);
     let start = attn.next_multiple_of(16);
-    let weights = 3 * p.attn.head_dim * w.row_bytes();
+    let weights = (p.attn.head_dim / PARTS * w.row_bytes()).next_multiple_of(16);
     let act = vec_dot_type(w.dtype).row_bytes(w.cols())?;
     Some((start, start + weights + act))
 }
@@ -122,6 +126,12 @@ pub(super) fn supports(
         ));
     }
     let d = p.attn.head_dim;
+    if !super::launch::sm90() || !d.is_multiple_of(8 * PARTS) || 8 * d / PARTS > THREADS as usize {
+        return Err(unsupported(
+            OP,
+            format!("heads of {d} (a multiple of 16 up to 128, thread block clusters)"),
+        ));
+    }
     let wq = &ins[3];
     for (i, m) in matrices(p, ins, outs).into_iter().enumerate() {
         let Some((w, cache)) = m else { continue };
@@ -216,8 +226,14 @@ pub(super) unsafe fn launch(
     check_aligned(OP, v, 16)?;
     check_aligned(OP, pos, 4)?;
     check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
-    let (attn, _) =
-        super::attention::one_row_args(&p.attn, wq.tensor.rows(), &k.tensor, out.tensor.cols());
+    // The recorded view's rows, as attention's own launch takes them (a
+    // replay's are in the step scalars).
+    let (attn, _) = super::attention::one_row_args(
+        &p.attn,
+        wq.tensor.rows(),
+        &node.inputs[1],
+        out.tensor.cols(),
+    );
     let (smem, total) = shared_layout(p, &k.tensor, &wq.tensor)
         .ok_or_else(|| bad_call(OP, "weights of no whole blocks".into()))?;
     let (table, len) = kernels.rope_table(&p.q_rope).ok_or_else(|| {
@@ -264,7 +280,7 @@ pub(super) unsafe fn launch(
     enqueue(
         stream,
         kernels.fns.get(OP, &format!("proj_attn_{fmt}_{suffix}"))?,
-        (p.attn.heads as u32, 1, 1),
+        (p.attn.heads as u32, 1, (3 * PARTS) as u32),
         THREADS,
         total as u32,
         &[

@@ -1,21 +1,22 @@
 // Decode attention with the projections it reads (`qkv+attention+quantize`,
-// ops' ProjAttention): block h (one query head) computes its head's query
-// rows and, when absorbed, its kv head's key and value rows, writes the
-// rotated query into the node's scratch and the key and value rows into
-// their caches, then runs the one-chunk attention entry's body. So a decode
-// step's attention needs no level of its own for its q/k/v projections.
+// ops' ProjAttention): a thread block cluster per query head, of six blocks:
+// two per matrix (query, key, value), each computing half of its head's rows
+// (the key and value rows of the head's kv head), rotating them and writing
+// them (the query into the node's scratch row, keys and values into their
+// caches); after one cluster barrier block 0 runs the one-chunk attention
+// entry's body on them. So a decode step's attention needs no level of its
+// own for its q/k/v projections.
 //
 // Same bits as the chain: each row is mv_rows32_staged's product (eight
 // lanes per row, blocks in order, hsum_float_8, then the mins), rotated as
 // matmul_rows_body rotates it, converted as set_rows converts it; the
 // attention is attn_decode_body / attn_chunk_body unchanged.
 //
-// The projections' weight rows go to shared memory (16-byte cp.async when
-// aligned) before the wait when they are constant, beside attention's own
-// copies of earlier cells; the wait (ProjWait, called where the attention
-// body waits) computes the rows. Every block of a kv head writes that head's
-// cache rows (the same bits) and reads them back only after its own writes
-// and a block barrier, so no block depends on another's.
+// Each block's weight rows go to shared memory before the wait when they
+// are constant (block 0's beside attention's own copies of earlier cells);
+// block 0 computes its rows where the attention body waits (ProjWait). The
+// clusters of a kv head's query heads all write that head's cache rows (the
+// same bits); each reads only what its own cluster wrote before the barrier.
 
 // Mirrors `ProjArgs` in attention.rs, field for field. Matrix 0 is the
 // query, 1 the key, 2 the value (a null w: not absorbed).
@@ -37,103 +38,117 @@ struct ProjArgs {
     u32 smem;  // where the projections' shared memory starts
 };
 
-// Head h's rows of the query matrix, kv head kvh's of the others, into
-// shared memory (a contiguous range per matrix).
-template <class F>
-DEV void proj_copy(const ProjArgs& p, u8* ws, int D, int h, int kvh) {
-    const int mat_bytes = D * p.nb * F::BYTES;
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        if (!p.w[i]) continue;
-        const u8* src = p.w[i] + (size_t)(i ? kvh : h) * mat_bytes;
-        u8* dst = ws + i * mat_bytes;
-        if ((((size_t)src | (size_t)mat_bytes) & 15) == 0) {
-            for (int c = threadIdx.x; c < mat_bytes / 16; c += blockDim.x)
-                cp_async16(dst + 16 * c, src + 16 * c);
-        } else {
-            for (int c = 2 * threadIdx.x; c < mat_bytes; c += 2 * blockDim.x)
-                *(u16*)(dst + c) = ld_u16(src + c);
-        }
+// Blocks per matrix: each computes rows [part * D / PROJ_PARTS, ...) of
+// its head's rows (eight lanes per row).
+#define PROJ_PARTS 2
+
+#if __CUDA_ARCH__ >= 900
+#define PROJ_CLUSTER __cluster_dims__(1, 1, 3 * PROJ_PARTS)
+#else
+#define PROJ_CLUSTER
+#endif
+
+// `bytes` of weight rows into shared memory (16-byte cp.async when both
+// ends allow, else 2-byte copies).
+DEV void proj_copy(u8* ws, const u8* src, int bytes) {
+    if ((((size_t)src | (size_t)bytes) & 15) == 0) {
+        for (int c = threadIdx.x; c < bytes / 16; c += blockDim.x) cp_async16(ws + 16 * c, src + 16 * c);
+    } else {
+        for (int c = 2 * threadIdx.x; c < bytes; c += 2 * blockDim.x) *(u16*)(ws + c) = ld_u16(src + c);
     }
     cp_async_commit();
 }
 
-// The attention body's wait: the wait itself, then the rows.
+// After the wait: rows [r0, r0 + rows) of matrix i (its head's rows, from
+// `ws`, copied there now unless `copied`), rotated and written: the query
+// into the scratch row, keys and values into their caches.
+template <class F>
+DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, int i, int r0,
+                   int rows, int D, int h, int kvh, bool copied) {
+    typedef Act<F::HAS_MIN> A;
+    const int row_bytes = p.nb * F::BYTES, bytes = rows * row_bytes;
+    if (!copied) proj_copy(ws, src, bytes);
+    u8* as = ws + ((bytes + 15) & ~15);
+    stage_bytes(as, p.act, p.nb * A::BYTES);
+    const int pos = p.positions ? p.positions[0] : 0;
+    cp_async_wait_all();
+    __syncthreads();
+    const int k = threadIdx.x & 7;
+    for (int r = threadIdx.x >> 3; r < rows; r += blockDim.x >> 3) {
+        float acc = 0.0f, summs = 0.0f;
+#pragma unroll 6
+        for (int b = 0; b < p.nb; b++) {
+            const u8* ab = as + b * A::BYTES;
+            const u8* wb = ws + r * row_bytes + b * F::BYTES;
+            mv_block_step<F>(F::codes(wb, k), scale_word<F::HAS_MIN>(wb), A::quants(ab, k),
+                             scale_word<F::HAS_MIN>(ab), acc, summs);
+        }
+        const float s = mv_row_sum<F>(acc, summs);
+        const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
+        if (k != 0) continue;
+        const int row = (i ? kvh : h) * D + r0 + r;  // in the matrix
+        float v = s;
+        if (p.rope[i]) {
+            const RopeArgs& ra = p.ra;
+            const int j = row % ra.head_dim;
+            if (j < ra.n_dims) {
+                const int pair = j / 2, half = ra.n_dims / 2;
+                float2 cs;
+                if (pos >= 0 && (u32)pos < ra.table_positions) cs = p.table[(size_t)pos * half + pair];
+                else cs = rope_angle_fallback(ra, pos, pair);
+                const float x0 = (j & 1) ? other : s, x1 = (j & 1) ? s : other;
+                v = (j & 1) ? __fmaf_rn(x0, cs.y, x1 * cs.x) : __fmaf_rn(x0, cs.x, -(x1 * cs.y));
+            }
+        }
+        if (i == 0) {
+            p.q[row] = v;
+        } else {
+            u64 at = (u64)(step ? step[p.step_at[i]] : p.start[i]);
+            if (p.ring[i] != NONE_U32) at %= p.ring[i];
+            enc<1>(p.cache[i] + at * p.cache_row[i], row, v);
+        }
+    }
+}
+
+// The attention block's wait: the wait, its query rows, then the cluster
+// barrier after which every block's rows are written.
 template <class F>
 struct ProjWait {
     const ProjArgs& p;
     const u32* step;
     u8* ws;
-    int D, h, kvh;
+    const u8* src;
+    int rows, D, h, kvh;
 
     __device__ __forceinline__ void operator()() const {
-        typedef Act<F::HAS_MIN> A;
         pdl_sync();
-        if (!p.pre) proj_copy<F>(p, ws, D, h, kvh);
-        const int row_bytes = p.nb * F::BYTES, mat_bytes = D * row_bytes;
-        u8* as = ws + 3 * mat_bytes;
-        stage_bytes(as, p.act, p.nb * A::BYTES);
-        const int pos = p.positions ? p.positions[0] : 0;
-        cp_async_wait_all();
-        __syncthreads();
-        const int k = threadIdx.x & 7;
-        for (int r = threadIdx.x >> 3; r < D; r += blockDim.x >> 3) {
-            float acc[3] = {0.0f, 0.0f, 0.0f}, summs[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll 3
-            for (int b = 0; b < p.nb; b++) {
-                const u8* ab = as + b * A::BYTES;
-                const u32 aq = A::quants(ab, k), ads = scale_word<F::HAS_MIN>(ab);
-#pragma unroll
-                for (int i = 0; i < 3; i++) {
-                    if (!p.w[i]) continue;
-                    const u8* wb = ws + i * mat_bytes + r * row_bytes + b * F::BYTES;
-                    mv_block_step<F>(F::codes(wb, k), scale_word<F::HAS_MIN>(wb), aq, ads, acc[i],
-                                     summs[i]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 3; i++) {
-                const float s = mv_row_sum<F>(acc[i], summs[i]);
-                const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
-                if (k != 0 || !p.w[i]) continue;
-                const int row = (i ? kvh : h) * D + r;  // in the matrix
-                float v = s;
-                if (p.rope[i]) {
-                    const RopeArgs& ra = p.ra;
-                    const int j = row % ra.head_dim;
-                    if (j < ra.n_dims) {
-                        const int pair = j / 2, half = ra.n_dims / 2;
-                        float2 cs;
-                        if (pos >= 0 && (u32)pos < ra.table_positions)
-                            cs = p.table[(size_t)pos * half + pair];
-                        else cs = rope_angle_fallback(ra, pos, pair);
-                        const float x0 = (j & 1) ? other : s, x1 = (j & 1) ? s : other;
-                        v = (j & 1) ? __fmaf_rn(x0, cs.y, x1 * cs.x)
-                                    : __fmaf_rn(x0, cs.x, -(x1 * cs.y));
-                    }
-                }
-                if (i == 0) {
-                    p.q[row] = v;
-                } else {
-                    u64 at = (u64)(step ? step[p.step_at[i]] : p.start[i]);
-                    if (p.ring[i] != NONE_U32) at %= p.ring[i];
-                    enc<1>(p.cache[i] + at * p.cache_row[i], row, v);
-                }
-            }
-        }
-        __syncthreads();
+        proj_rows<F>(p, step, ws, src, 0, 0, rows, D, h, kvh, p.pre);
+        cluster_sync();
     }
 };
 
 // f16 caches; OUTF 0 / 1: the attention rows quantized to Q8_0 / Q8_1.
+// Block z of a head's cluster computes part z % PROJ_PARTS of matrix
+// z / PROJ_PARTS; block 0 then attends.
 template <class F, int OUTF>
 DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out,
                         const AttnArgs& a, const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, h = blockIdx.x, kvh = h / (a.heads / a.kv_heads);
+    const int z = blockIdx.z, i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
+    const int row_bytes = p.nb * F::BYTES;
+    const u8* src = p.w[i] ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
     u8* ws = att_dyn + p.smem;
-    if (p.pre) proj_copy<F>(p, ws, D, h, kvh);
-    const ProjWait<F> wait{p, step, ws, D, h, kvh};
+    if (src && p.pre) proj_copy(ws, src, rows * row_bytes);
+    if (z != 0) {
+        if (src) {
+            pdl_sync();
+            proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre);
+        }
+        cluster_sync();
+        return;
+    }
+    const ProjWait<F> wait{p, step, ws, src, rows, D, h, kvh};
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     if (attn_decode_fits(a, qpos, kv_rows)) {
@@ -145,7 +160,7 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
 }
 
 #define PROJ_ATTN_ENTRY(FMT, F, OUT, OUTF)                                                     \
-    extern "C" __global__ void __launch_bounds__(512)                                          \
+    extern "C" __global__ void __launch_bounds__(512) PROJ_CLUSTER                             \
         proj_attn_##FMT##_##OUT(ProjArgs p, const u8* k, const u8* v, void* out, AttnArgs a,   \
                                 const u32* step) {                                             \
         proj_attn_body<F, OUTF>(p, k, v, out, a, step);                                        \
