@@ -221,9 +221,9 @@ fn traced_decode_on_cuda_times_every_node_on_device_streams() {
     let trace = gpu.take_trace();
     assert!(trace.streams >= 1, "no device stream tracks");
     let device: Vec<_> = trace.events.iter().filter(|e| e.track >= 1000).collect();
-    // Every decode step's nodes (hundreds) plus the prefill's.
+    // Every decode step's nodes (over 150) plus the prefill's.
     assert!(
-        device.len() >= steps * 300,
+        device.len() >= steps * 150,
         "only {} device node slices",
         device.len()
     );

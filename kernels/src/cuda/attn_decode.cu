@@ -120,8 +120,11 @@ DEV void attn_chain(const float2* f, const u16* ci, const u32* gmask, const u16*
 
 // The wait on the kernels before: the plain entries' (proj_attn.cu's
 // entries pass one that also computes the query, key and value rows).
+// `filled()`: the wait also put the query (rounded to f16) into `qs` and
+// the fresh cell's key and value rows into `ksh` / `vsh`.
 struct PdlWait {
     __device__ __forceinline__ void operator()() const { pdl_sync(); }
+    __device__ __forceinline__ bool filled() const { return false; }
 };
 
 template <int OUTF, class Wait = PdlWait>
@@ -186,9 +189,11 @@ DEV void attn_decode_body(const float* q, const u8* kc, const u8* vc, void* out,
     if (tid < 32) etab[tid] = EXP2F_TAB[tid];
     wait();
     // 2. The query, and the rows of the cell this step wrote.
-    const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
-    for (int d = tid; d < D; d += nt) qs[d] = round16(qrow[d]);
-    if (tid < pieces && fresh < cells && attn_visible(a, fresh, pos, end)) copy_piece(fresh, tid);
+    if (!wait.filled()) {
+        const float* qrow = q + (size_t)t * a.q_stride + (size_t)h * D;
+        for (int d = tid; d < D; d += nt) qs[d] = round16(qrow[d]);
+        if (tid < pieces && fresh < cells && attn_visible(a, fresh, pos, end)) copy_piece(fresh, tid);
+    }
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();

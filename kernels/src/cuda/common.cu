@@ -156,6 +156,17 @@ DEV void cluster_st_u32(void* p, u32 rank, u32 v) {
 #endif
 }
 
+// Stores a half word into block `rank`'s shared memory, as cluster_st_u32.
+DEV void cluster_st_u16(void* p, u32 rank, u16 v) {
+#if __CUDA_ARCH__ >= 900
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("st.shared::cluster.u16 [%0], %1;" ::"r"(remote), "h"(v) : "memory");
+#else
+    __trap();
+#endif
+}
+
 // ---- warp helpers -----------------------------------------------------------
 
 #define FULL_MASK 0xffffffffu

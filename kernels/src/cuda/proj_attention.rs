@@ -70,6 +70,7 @@ pub(crate) struct ProjArgs {
     nb: i32,
     pre: i32,
     smem: u32,
+    mode: u32,
 }
 const _: () = assert!(std::mem::size_of::<ProjArgs>() == 216);
 
@@ -251,6 +252,10 @@ pub(super) unsafe fn launch(
         nb: (wq.tensor.cols() / 32) as i32,
         pre: 1,
         smem: smem as u32,
+        mode: std::env::var("XX_PROJ_MODE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         ..ProjArgs::default()
     };
     let writes = [None, p.k, p.v];

@@ -36,6 +36,7 @@ struct ProjArgs {
     int nb;    // 32-element blocks per row
     int pre;   // the weights are constant in this command buffer
     u32 smem;  // where the projections' shared memory starts
+    u32 mode;  // 1: rows delivered into block 0's shared memory; 2: block 0 computes none
 };
 
 // Blocks per matrix: each computes rows [part * D / PROJ_PARTS, ...) of
@@ -64,7 +65,8 @@ DEV void proj_copy(u8* ws, const u8* src, int bytes) {
 // into the scratch row, keys and values into their caches.
 template <class F>
 DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, int i, int r0,
-                   int rows, int D, int h, int kvh, bool copied) {
+                   int rows, int D, int h, int kvh, bool copied, bool deliver, u32 fresh, int CH) {
+    extern __shared__ __align__(16) u8 att_dyn[];
     typedef Act<F::HAS_MIN> A;
     const int row_bytes = p.nb * F::BYTES, bytes = rows * row_bytes;
     if (!copied) proj_copy(ws, src, bytes);
@@ -86,7 +88,7 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
         const float s = mv_row_sum<F>(acc, summs);
         const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
         if (k != 0) continue;
-        const int row = (i ? kvh : h) * D + r0 + r;  // in the matrix
+        const int e = r0 + r, row = (i ? kvh : h) * D + e;  // in the head, in the matrix
         float v = s;
         if (p.rope[i]) {
             const RopeArgs& ra = p.ra;
@@ -107,51 +109,90 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
             if (p.ring[i] != NONE_U32) at %= p.ring[i];
             enc<1>(p.cache[i] + at * p.cache_row[i], row, v);
         }
+        // Into block 0's attention layout (attn_decode_body): the query
+        // rounded as it rounds it, the fresh cell's key (swizzled) and value.
+        if (deliver) {
+            const size_t cell = (size_t)fresh * D * 2;
+            if (i == 0)
+                cluster_st_u32(att_dyn + (size_t)4 * CH * D + 4 * e, 0, __float_as_uint(round16(v)));
+            else if (i == 1)
+                cluster_st_u16(att_dyn + cell + ((((e >> 3) ^ (int)(fresh & 7)) << 4) | ((e & 7) << 1)), 0,
+                               f2h(v));
+            else
+                cluster_st_u16(att_dyn + (size_t)2 * CH * D + cell + 2 * e, 0, f2h(v));
+        }
     }
 }
 
-// The attention block's wait: the wait, its query rows, then the cluster
-// barrier after which every block's rows are written.
+// Which rows block z of a head's cluster computes: `false` for none.
+DEV bool proj_block(u32 mode, int z, int D, int& i, int& r0, int& rows) {
+    if (mode & 2) {  // block 0 attends only: the query in block 1, the rest halved
+        if (z == 0) return false;
+        if (z == 1) {
+            i = 0, r0 = 0, rows = D;
+            return true;
+        }
+        z -= 2;
+        i = 1 + z / 2, rows = D / 2, r0 = (z % 2) * rows;
+        return true;
+    }
+    i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
+    return true;
+}
+
+// The attention block's wait: the wait, its query rows (if any), then the
+// cluster barrier after which every block's rows are written.
 template <class F>
 struct ProjWait {
     const ProjArgs& p;
     const u32* step;
     u8* ws;
     const u8* src;
-    int rows, D, h, kvh;
+    int i, r0, rows, D, h, kvh;
+    bool mine, deliver;
+    u32 fresh;
+    int CH;
 
     __device__ __forceinline__ void operator()() const {
         pdl_sync();
-        proj_rows<F>(p, step, ws, src, 0, 0, rows, D, h, kvh, p.pre);
+        if (mine) proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, CH);
         cluster_sync();
     }
+    __device__ __forceinline__ bool filled() const { return deliver; }
 };
 
 // f16 caches; OUTF 0 / 1: the attention rows quantized to Q8_0 / Q8_1.
-// Block z of a head's cluster computes part z % PROJ_PARTS of matrix
-// z / PROJ_PARTS; block 0 then attends.
+// Block z of a head's cluster computes its rows (proj_block); block 0 then
+// attends.
 template <class F, int OUTF>
 DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out,
                         const AttnArgs& a, const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
-    const int D = a.head_dim, h = blockIdx.x, kvh = h / (a.heads / a.kv_heads);
-    const int z = blockIdx.z, i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
+    const int D = a.head_dim, h = blockIdx.x, kvh = h / (a.heads / a.kv_heads), z = blockIdx.z;
+    int i = 0, r0 = 0, rows = 0;
+    const bool mine = proj_block(p.mode, z, D, i, r0, rows) && p.w[i];
     const int row_bytes = p.nb * F::BYTES;
-    const u8* src = p.w[i] ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
+    const u8* src = mine ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
     u8* ws = att_dyn + p.smem;
-    if (src && p.pre) proj_copy(ws, src, rows * row_bytes);
+    if (mine && p.pre) proj_copy(ws, src, rows * row_bytes);
+    const u32 qpos = step ? step[0] : a.q_position;
+    const u32 kv_rows = step ? step[1] : a.kv_rows;
+    // Every block decides alike whether block 0 takes the one-pass body
+    // and so whether the rows go into its shared memory too.
+    const bool fits = attn_decode_fits(a, qpos, kv_rows);
+    const u32 fresh = a.ring != NONE_U32 ? qpos % a.ring : qpos;
+    const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(qpos + 1u, kv_rows);
+    const bool deliver = (p.mode & 1) && fits && fresh < cells && p.w[1] && p.w[2];
     if (z != 0) {
-        if (src) {
+        if (mine) {
             pdl_sync();
-            proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre);
+            proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, (int)a.chunk);
         }
         cluster_sync();
         return;
     }
-    const ProjWait<F> wait{p, step, ws, src, rows, D, h, kvh};
-    const u32 qpos = step ? step[0] : a.q_position;
-    const u32 kv_rows = step ? step[1] : a.kv_rows;
-    if (attn_decode_fits(a, qpos, kv_rows)) {
+    const ProjWait<F> wait{p, step, ws, src, i, r0, rows, D, h, kvh, mine, deliver, fresh, (int)a.chunk};
+    if (fits) {
         attn_decode_body<OUTF>(p.q, kc, vc, out, a, qpos, kv_rows, wait);
         return;
     }
