@@ -36,6 +36,16 @@ DEV void pdl_sync() {
 #endif
 }
 
+// Lets the next kernel launch before this one waits (its own pdl_sync
+// then waits on this one as before): only where the kernels that may
+// follow read nothing before their wait that a kernel still running could
+// write (weights, step scalars, earlier steps' cache rows).
+DEV void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Asks the L2 cache for the lines of [p, p + bytes), this thread's share of
 // them when `nt` threads (numbered `t`) share the range. A hint, not a
 // read: nothing comes into registers, so it may run before pdl_sync on
