@@ -142,6 +142,22 @@ DEV void cluster_sync() {
     __trap();
 #endif
 }
+// The two halves of cluster_sync: stores before the arrival are visible to
+// the cluster's blocks after their wait; a block may work between them.
+DEV void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+DEV void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
 // A word of block `rank`'s shared memory at the address `p` has in this one.
 DEV u32 cluster_ld_u32(const void* p, u32 rank) {
 #if __CUDA_ARCH__ >= 900

@@ -255,7 +255,7 @@ pub(super) unsafe fn launch(
         mode: std::env::var("XX_PROJ_MODE")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
+            .unwrap_or(1),
         ..ProjArgs::default()
     };
     let writes = [None, p.k, p.v];

@@ -36,7 +36,7 @@ struct ProjArgs {
     int nb;    // 32-element blocks per row
     int pre;   // the weights are constant in this command buffer
     u32 smem;  // where the projections' shared memory starts
-    u32 mode;  // 1: rows delivered into block 0's shared memory; 2: block 0 computes none
+    u32 mode;  // 1: rows delivered into block 0's shared memory
 };
 
 // Blocks per matrix: each computes rows [part * D / PROJ_PARTS, ...) of
@@ -75,8 +75,20 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
     const int pos = p.positions ? p.positions[0] : 0;
     cp_async_wait_all();
     __syncthreads();
-    const int k = threadIdx.x & 7;
-    for (int r = threadIdx.x >> 3; r < rows; r += blockDim.x >> 3) {
+    const int k = threadIdx.x & 7, r = threadIdx.x >> 3;  // rows * 8 <= blockDim.x
+    const bool live = r < rows;  // whole warps (rows: a multiple of 4)
+    const int e = r0 + r, row = (i ? kvh : h) * D + e;  // in the head, in the matrix
+    // The rotation's angle is loaded before the products, beside them.
+    const RopeArgs& ra = p.ra;
+    const int j = row % ra.head_dim, half = ra.n_dims / 2;
+    const bool rot = live && p.rope[i] && j < ra.n_dims;
+    float2 cs = make_float2(0.0f, 0.0f);
+    if (rot && k == 0) {
+        if (pos >= 0 && (u32)pos < ra.table_positions) cs = p.table[(size_t)pos * half + j / 2];
+        else cs = rope_angle_fallback(ra, pos, j / 2);
+    }
+    float v = 0.0f;
+    if (live) {
         float acc = 0.0f, summs = 0.0f;
 #pragma unroll 6
         for (int b = 0; b < p.nb; b++) {
@@ -87,57 +99,44 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
         }
         const float s = mv_row_sum<F>(acc, summs);
         const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
-        if (k != 0) continue;
-        const int e = r0 + r, row = (i ? kvh : h) * D + e;  // in the head, in the matrix
-        float v = s;
-        if (p.rope[i]) {
-            const RopeArgs& ra = p.ra;
-            const int j = row % ra.head_dim;
-            if (j < ra.n_dims) {
-                const int pair = j / 2, half = ra.n_dims / 2;
-                float2 cs;
-                if (pos >= 0 && (u32)pos < ra.table_positions) cs = p.table[(size_t)pos * half + pair];
-                else cs = rope_angle_fallback(ra, pos, pair);
-                const float x0 = (j & 1) ? other : s, x1 = (j & 1) ? s : other;
-                v = (j & 1) ? __fmaf_rn(x0, cs.y, x1 * cs.x) : __fmaf_rn(x0, cs.x, -(x1 * cs.y));
-            }
+        v = s;
+        if (rot) {
+            const float x0 = (j & 1) ? other : s, x1 = (j & 1) ? s : other;
+            v = (j & 1) ? __fmaf_rn(x0, cs.y, x1 * cs.x) : __fmaf_rn(x0, cs.x, -(x1 * cs.y));
         }
+    }
+    // Into block 0's attention layout (attn_decode_body), then the barrier's
+    // arrival: the query rounded as it rounds it, the fresh cell's key
+    // (swizzled) and value. The global writes (the cache rows for later
+    // steps, the query for the general body) need not precede the arrival
+    // when the rows are delivered.
+    const bool out = live && k == 0;
+    if (deliver && out) {
+        const size_t cell = (size_t)fresh * D * 2;
+        if (i == 0)
+            cluster_st_u32(att_dyn + (size_t)4 * CH * D + 4 * e, 0, __float_as_uint(round16(v)));
+        else if (i == 1)
+            cluster_st_u16(att_dyn + cell + ((((e >> 3) ^ (int)(fresh & 7)) << 4) | ((e & 7) << 1)), 0,
+                           f2h(v));
+        else
+            cluster_st_u16(att_dyn + (size_t)2 * CH * D + cell + 2 * e, 0, f2h(v));
+    }
+    if (deliver) cluster_arrive();
+    if (out) {
         if (i == 0) {
-            p.q[row] = v;
+            if (!deliver) p.q[row] = v;
         } else {
             u64 at = (u64)(step ? step[p.step_at[i]] : p.start[i]);
             if (p.ring[i] != NONE_U32) at %= p.ring[i];
             enc<1>(p.cache[i] + at * p.cache_row[i], row, v);
         }
-        // Into block 0's attention layout (attn_decode_body): the query
-        // rounded as it rounds it, the fresh cell's key (swizzled) and value.
-        if (deliver) {
-            const size_t cell = (size_t)fresh * D * 2;
-            if (i == 0)
-                cluster_st_u32(att_dyn + (size_t)4 * CH * D + 4 * e, 0, __float_as_uint(round16(v)));
-            else if (i == 1)
-                cluster_st_u16(att_dyn + cell + ((((e >> 3) ^ (int)(fresh & 7)) << 4) | ((e & 7) << 1)), 0,
-                               f2h(v));
-            else
-                cluster_st_u16(att_dyn + (size_t)2 * CH * D + cell + 2 * e, 0, f2h(v));
-        }
     }
+    if (!deliver) cluster_arrive();
 }
 
-// Which rows block z of a head's cluster computes: `false` for none.
-DEV bool proj_block(u32 mode, int z, int D, int& i, int& r0, int& rows) {
-    if (mode & 2) {  // block 0 attends only: the query in block 1, the rest halved
-        if (z == 0) return false;
-        if (z == 1) {
-            i = 0, r0 = 0, rows = D;
-            return true;
-        }
-        z -= 2;
-        i = 1 + z / 2, rows = D / 2, r0 = (z % 2) * rows;
-        return true;
-    }
+// Which rows block z of a head's cluster computes.
+DEV void proj_block(int z, int D, int& i, int& r0, int& rows) {
     i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
-    return true;
 }
 
 // The attention block's wait: the wait, its query rows (if any), then the
@@ -156,7 +155,8 @@ struct ProjWait {
     __device__ __forceinline__ void operator()() const {
         pdl_sync();
         if (mine) proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, CH);
-        cluster_sync();
+        else cluster_arrive();
+        cluster_wait();
     }
     __device__ __forceinline__ bool filled() const { return deliver; }
 };
@@ -170,7 +170,8 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, h = blockIdx.x, kvh = h / (a.heads / a.kv_heads), z = blockIdx.z;
     int i = 0, r0 = 0, rows = 0;
-    const bool mine = proj_block(p.mode, z, D, i, r0, rows) && p.w[i];
+    proj_block(z, D, i, r0, rows);
+    const bool mine = p.w[i] != 0;
     const int row_bytes = p.nb * F::BYTES;
     const u8* src = mine ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
     u8* ws = att_dyn + p.smem;
@@ -187,8 +188,10 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
         if (mine) {
             pdl_sync();
             proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, (int)a.chunk);
+        } else {
+            cluster_arrive();
         }
-        cluster_sync();
+        cluster_wait();
         return;
     }
     const ProjWait<F> wait{p, step, ws, src, i, r0, rows, D, h, kvh, mine, deliver, fresh, (int)a.chunk};
