@@ -67,8 +67,8 @@ DEV void norm_quant_body(const float* x, const float* b, const float* w, float* 
     constexpr bool Q8 = F == 0 || F == 1;
     const bool w_own = Q8 && lane < cols / 32;  // this lane quantizes block `lane` first
     float wv[Q8 ? 32 : 1];
-    if (pre & 2) pdl_trigger();
-    pre &= 1;
+    if (pre & 2) pdl_trigger();  // bit 1: the next kernel may launch first
+    pre &= 1;                    // bit 0: the weights are constant
     if (pre && w_own) {
 #pragma unroll
         for (int i = 0; i < (Q8 ? 32 : 1); i++) wv[i] = w[32 * lane + i];
@@ -174,8 +174,8 @@ DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, f
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = threadIdx.x;  // blockDim.x == cols
     const size_t at = (size_t)blockIdx.x * cols + c;
-    if (pre & 2) pdl_trigger();
-    pre &= 1;
+    if (pre & 2) pdl_trigger();  // bit 1: the next kernel may launch first
+    pre &= 1;                    // bit 0: the weights are constant
     float wc = pre ? w[c] : 0.0f;
     pdl_sync();
     if (!pre) wc = w[c];

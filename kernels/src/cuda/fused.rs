@@ -141,7 +141,10 @@ unsafe fn norm_quantize(
     }
     check_aligned(op, o.out, natural_alignment(o.out.tensor.dtype))?;
     let method = super::launch::f64_sum_method(op)?;
-    let l = norm_launch(op, o, eps, method)?;
+    // The node after a norm is the fused attention (or reads only
+    // weights before its wait): it may launch before the norm waits.
+    let early = super::proj_attention::enabled()?;
+    let l = norm_launch(op, o, eps, method, early)?;
     let f = kernels.fns.get(op, &l.kernel)?;
     let grid = (l.blocks, 1, 1);
     enqueue(stream, f, grid, l.threads, l.shared, &l.args, op)
@@ -157,14 +160,17 @@ struct NormLaunch {
     args: Vec<Arg>,
 }
 
-/// [`norm_quantize`]'s launch under the f64 sum `method`.
+/// [`norm_quantize`]'s launch under the f64 sum `method`; `early`: the
+/// kernel lets the next one launch before it waits (fused.cu's `pre` bit 1).
 fn norm_launch(
     op: &'static str,
     o: NormOperands,
     eps: f32,
     method: i32,
+    early: bool,
 ) -> Result<NormLaunch, OpError> {
     let NormOperands { x, add, w, out } = o;
+    let pre = w.constant as i32 | (early as i32) << 1;
     let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
     let prefix = if add.is_some() {
         "add_rms_norm_quant"
@@ -185,7 +191,7 @@ fn norm_launch(
     if let Some(suffix) = warps_suffix(out.tensor.dtype, cols, method) {
         args.extend([Arg::I32(cols as i32), Arg::F32(eps)]);
         args.extend(broadcast);
-        args.push(Arg::I32(w.constant as i32 | (xx_early() as i32) << 1));
+        args.push(Arg::I32(pre));
         return Ok(NormLaunch {
             kernel: format!("{prefix}_warps_{suffix}"),
             blocks: rows as u32,
@@ -197,11 +203,7 @@ fn norm_launch(
     let (stage_bytes, staged) = row_stage(cols);
     args.extend([Arg::I32(rows as i32), Arg::I32(cols as i32), Arg::F32(eps)]);
     args.extend(broadcast);
-    args.extend([
-        Arg::I32(staged),
-        Arg::I32(method),
-        Arg::I32(w.constant as i32 | (xx_early() as i32) << 1),
-    ]);
+    args.extend([Arg::I32(staged), Arg::I32(method), Arg::I32(pre)]);
     Ok(NormLaunch {
         kernel: format!("{prefix}_{}", act_suffix(op, out.tensor.dtype)?),
         blocks: rows as u32,
@@ -305,11 +307,6 @@ pub(super) unsafe fn rope_set_rows(
 }
 
 /// Rope parameters of a rope-carrying fused node, for `prepare`.
-fn xx_early() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("XX_EARLY").is_ok_and(|v| v == "1"))
-}
-
 pub(super) fn rope_params(node: &OpNode) -> Option<RopeParams> {
     match &node.op {
         weft_ops::Op::RopeSetRows { rope, .. } => Some(*rope),
@@ -346,21 +343,23 @@ mod tests {
         let eps = 0.5;
         // (x, w, out, cols, eps, pre)
         let ops = |x, add, out| NormOperands { x, add, w: &w, out };
-        let l = norm_launch("t", ops(&x, None, &out), eps, 3).unwrap();
+        let l = norm_launch("t", ops(&x, None, &out), eps, 3, false).unwrap();
         assert_eq!(
             show(&l),
             "rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(576), F32(0.5), I32(1)]"
         );
+        let l = norm_launch("t", ops(&x, None, &out), eps, 3, true).unwrap();
+        assert!(show(&l).ends_with("I32(3)]"), "early launch: pre bit 1");
         assert_eq!((l.blocks, l.threads, l.shared), (3, 576, 0));
         // (x, b, w, sum_out, out, cols, eps, broadcast, pre)
-        let l = norm_launch("t", ops(&x, Some((&b, &sum)), &out), eps, 3).unwrap();
+        let l = norm_launch("t", ops(&x, Some((&b, &sum)), &out), eps, 3, false).unwrap();
         assert_eq!(
             show(&l),
             "add_rms_norm_quant_warps_q8_1 [Ptr(256), Ptr(512), Ptr(768), Ptr(1024), Ptr(1280), \
              I32(576), F32(0.5), I32(1), I32(1)]"
         );
         // (x, w, out, rows, cols, eps, staged, method, pre)
-        let l = norm_launch("t", ops(&x, None, &out), eps, 1).unwrap();
+        let l = norm_launch("t", ops(&x, None, &out), eps, 1, false).unwrap();
         assert_eq!(
             show(&l),
             "rms_norm_quant_q8_1 [Ptr(256), Ptr(768), Ptr(1280), I32(3), I32(576), F32(0.5), \
@@ -368,7 +367,7 @@ mod tests {
         );
         assert_eq!((l.blocks, l.threads, l.shared), (3, 32, 576 * 4));
         // (x, b, w, sum_out, out, rows, cols, eps, broadcast, staged, method, pre)
-        let l = norm_launch("t", ops(&x, Some((&sum, &sum)), &out), eps, 0).unwrap();
+        let l = norm_launch("t", ops(&x, Some((&sum, &sum)), &out), eps, 0, false).unwrap();
         assert_eq!(
             show(&l),
             "add_rms_norm_quant_q8_1 [Ptr(256), Ptr(1024), Ptr(768), Ptr(1024), Ptr(1280), \
@@ -377,7 +376,7 @@ mod tests {
         // Q8_K rows always take the row kernel.
         let out_k = dev(0x500, DType::Q8_K, &[3, 512], false);
         let x_k = dev(0x100, DType::F32, &[3, 512], false);
-        let l = norm_launch("t", ops(&x_k, None, &out_k), eps, 3).unwrap();
+        let l = norm_launch("t", ops(&x_k, None, &out_k), eps, 3, false).unwrap();
         assert_eq!(l.kernel, "rms_norm_quant_q8_k");
     }
 }

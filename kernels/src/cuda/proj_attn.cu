@@ -36,7 +36,6 @@ struct ProjArgs {
     int nb;    // 32-element blocks per row
     int pre;   // the weights are constant in this command buffer
     u32 smem;  // where the projections' shared memory starts
-    u32 mode;  // 1: rows delivered into block 0's shared memory
 };
 
 // Blocks per matrix: each computes rows [part * D / PROJ_PARTS, ...) of
@@ -179,11 +178,12 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
     // Every block decides alike whether block 0 takes the one-pass body
-    // and so whether the rows go into its shared memory too.
+    // and so whether the rows go straight into its shared memory (the
+    // query, and the fresh cell when both its rows are computed here).
     const bool fits = attn_decode_fits(a, qpos, kv_rows);
     const u32 fresh = a.ring != NONE_U32 ? qpos % a.ring : qpos;
     const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(qpos + 1u, kv_rows);
-    const bool deliver = (p.mode & 1) && fits && fresh < cells && p.w[1] && p.w[2];
+    const bool deliver = fits && fresh < cells && p.w[1] && p.w[2];
     if (z != 0) {
         if (mine) {
             pdl_sync();
