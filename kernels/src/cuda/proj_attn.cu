@@ -1,24 +1,28 @@
 // Decode attention with the projections it reads (`qkv+attention+quantize`,
 // ops' ProjAttention): a thread block cluster per query head, of six blocks:
 // two per matrix (query, key, value), each computing half of its head's rows
-// (the key and value rows of the head's kv head), rotating them and writing
-// them (the query into the node's scratch row, keys and values into their
-// caches); after one cluster barrier block 0 runs the one-chunk attention
-// entry's body on them. So a decode step's attention needs no level of its
-// own for its q/k/v projections.
+// (the key and value rows of the head's kv head) and rotating them; after
+// one cluster barrier block 0 runs the one-chunk attention entry's body on
+// them. So a decode step's attention needs no level of its own for its
+// q/k/v projections.
 //
 // Same bits as the chain: each row is mv_rows32_staged's product (eight
 // lanes per row, blocks in order, hsum_float_8, then the mins), rotated as
 // matmul_rows_body rotates it, converted as set_rows converts it; the
 // attention is attn_decode_body / attn_chunk_body unchanged.
 //
-// Each block's weight rows go to shared memory before the wait when they
-// are constant (block 0's beside attention's own copies of earlier cells);
-// block 0 computes its rows where the attention body waits (ProjWait). The
-// clusters of a kv head's query heads all write that head's cache rows (the
-// same bits); each reads only what its own cluster wrote before the barrier.
+// Where block 0 takes the one-pass body, the rows go straight into its
+// shared memory (st.shared::cluster: the query as that body rounds it, the
+// fresh cell's key and value rows where it stages them) before the
+// barrier, and the cache rows are written after the arrival; otherwise the
+// query goes to the node's scratch row and the cache rows are written
+// before it. Each block's weight rows are copied into shared memory before
+// the wait when they are constant (block 0's beside attention's own copies
+// of earlier cells); block 0 computes its rows where the attention body
+// waits (ProjWait). The clusters of a kv head's query heads all write that
+// head's cache rows (the same bits); each reads only its own cluster's.
 
-// Mirrors `ProjArgs` in attention.rs, field for field. Matrix 0 is the
+// Mirrors `ProjArgs` in proj_attention.rs, field for field. Matrix 0 is the
 // query, 1 the key, 2 the value (a null w: not absorbed).
 struct ProjArgs {
     const u8* w[3];
