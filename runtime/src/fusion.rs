@@ -191,6 +191,17 @@ mod tests {
         Tensor::new(BufferId(buffer), 0, dtype, Shape::new(dims)).unwrap()
     }
 
+    /// The recording's nodes for `payloads`, with their exact ranges.
+    fn graph_nodes(payloads: &[OpNode]) -> Vec<Node> {
+        payloads
+            .iter()
+            .map(|p| {
+                let (reads, writes) = p.ranges();
+                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
+            })
+            .collect()
+    }
+
     /// add (in place), rms_norm, quantize: two rounds of merges, and
     /// replaying them on the unfused payloads gives the fused ones.
     #[test]
@@ -206,13 +217,7 @@ mod tests {
             OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x, w], vec![h]),
             OpNode::new(Op::QuantizeRows, vec![h], vec![q]),
         ];
-        let mut nodes: Vec<Node> = payloads
-            .iter()
-            .map(|p| {
-                let (reads, writes) = p.ranges();
-                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
-            })
-            .collect();
+        let mut nodes = graph_nodes(&payloads);
         let mut fused = payloads.clone();
         let dead: HashSet<BufferId> = [BufferId(3)].into();
         let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, false);
@@ -280,13 +285,7 @@ mod tests {
                 vec![out],
             ),
         ];
-        let mut nodes: Vec<Node> = payloads
-            .iter()
-            .map(|p| {
-                let (reads, writes) = p.ranges();
-                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
-            })
-            .collect();
+        let mut nodes = graph_nodes(&payloads);
         let mut fused = payloads.clone();
         let dead: HashSet<BufferId> = [BufferId(5)].into();
         let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, true);
@@ -307,13 +306,7 @@ mod tests {
         assert_eq!(parts, payloads);
         // A backend without the fused node keeps them apart.
         let mut kept = payloads.clone();
-        let mut n2: Vec<Node> = payloads
-            .iter()
-            .map(|p| {
-                let (reads, writes) = p.ranges();
-                Node::checked(p.op.name(), "n".into(), None, Some(reads), Some(writes)).unwrap()
-            })
-            .collect();
+        let mut n2 = graph_nodes(&payloads);
         let no_proj = |n: &OpNode| !matches!(n.op, Op::ProjAttention(_));
         fuse(&mut n2, &mut kept, &dead, &no_proj, true, true);
         assert_eq!(kept, payloads);

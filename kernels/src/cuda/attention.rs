@@ -186,21 +186,21 @@ fn tiled_blocks(n: usize) -> usize {
         .count()
 }
 
-/// The one-chunk kernel's arguments for one query row (a decode step) of
-/// `q_cols` values over the f16 or f32 cache `k` (its view's rows), writing
-/// rows of `out_cols`, and its dynamic shared memory.
-pub(super) fn one_row_args(
+/// The kernels' arguments for `n` query rows of `q_cols` values over the
+/// cache view `k` (its rows: the recorded extent), writing rows of
+/// `out_cols`; `chunk` 0 (set per kernel).
+fn attn_args(
     p: &AttentionParams,
+    n: usize,
     q_cols: usize,
     k: &weft_ops::Tensor,
     out_cols: usize,
-) -> (AttnArgs, usize) {
-    let chunk = chunk_cells(p.head_dim, k.dtype);
-    let args = AttnArgs {
+) -> AttnArgs {
+    AttnArgs {
         heads: p.heads as i32,
         kv_heads: p.kv_heads as i32,
         head_dim: p.head_dim as i32,
-        n: 1,
+        n: n as i32,
         q_stride: q_cols as i32,
         kv_stride: k.cols() as i32,
         out_stride: out_cols as i32,
@@ -217,7 +217,23 @@ pub(super) fn one_row_args(
         kv_capacity: p.kv_capacity,
         q_position: p.q_position,
         kv_rows: k.rows() as u32,
+        chunk: 0,
+    }
+}
+
+/// The one-chunk kernel's arguments for one query row (a decode step) of
+/// `q_cols` values over the f16 or f32 cache view `k`, writing rows of
+/// `out_cols`, and its dynamic shared memory.
+pub(super) fn one_row_args(
+    p: &AttentionParams,
+    q_cols: usize,
+    k: &weft_ops::Tensor,
+    out_cols: usize,
+) -> (AttnArgs, usize) {
+    let chunk = chunk_cells(p.head_dim, k.dtype);
+    let args = AttnArgs {
         chunk: chunk as u32,
+        ..attn_args(p, 1, q_cols, k, out_cols)
     };
     (args, chunk_shared_bytes(p.head_dim, k.dtype, chunk))
 }
@@ -252,29 +268,7 @@ pub(super) unsafe fn launch(
     let d = p.head_dim;
     let kv = k.tensor.dtype;
     let suffix = if kv == DType::F16 { "f16" } else { "f32" };
-    let mut args = AttnArgs {
-        heads: p.heads as i32,
-        kv_heads: p.kv_heads as i32,
-        head_dim: d as i32,
-        n: n as i32,
-        q_stride: q.tensor.cols() as i32,
-        kv_stride: k.tensor.cols() as i32,
-        out_stride: out.tensor.cols() as i32,
-        row_offset: 0,
-        scale: p.scale,
-        softcap: p.softcap,
-        softcap_scale: if p.softcap != 0.0 {
-            p.scale / p.softcap
-        } else {
-            0.0
-        },
-        window: p.window.unwrap_or(u32::MAX),
-        ring: p.ring.unwrap_or(u32::MAX),
-        kv_capacity: p.kv_capacity,
-        q_position: p.q_position,
-        kv_rows: node.inputs[1].rows() as u32,
-        chunk: 0,
-    };
+    let mut args = attn_args(p, n, q.tensor.cols(), &node.inputs[1], out.tensor.cols());
     let ptrs = [
         Arg::Ptr(q.ptr),
         Arg::Ptr(k.ptr),
