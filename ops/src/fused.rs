@@ -218,8 +218,10 @@ fn absorb_projection(first: &OpNode, second: &OpNode, slot: usize) -> Option<OpN
     let reads_cache = cache.buffer == view.buffer && cache.offset == view.offset;
     let same_row = first.inputs[0] == second.inputs[0];
     let same_positions = rope.is_none() || first.inputs.get(2) == Some(&second.inputs[4]);
+    // The row goes where the attention reads this step's cell.
+    let this_cell = write.start == p.attn.q_position && write.ring == p.attn.ring;
     let taken = if slot == 1 { p.k } else { p.v };
-    if !reads_cache || !same_row || !same_positions || taken.is_some() {
+    if !reads_cache || !same_row || !same_positions || !this_cell || taken.is_some() {
         return None;
     }
     let mut params = **p;

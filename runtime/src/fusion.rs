@@ -160,7 +160,9 @@ fn readers(nodes: &[Node], payloads: &[OpNode]) -> Vec<Vec<usize>> {
             // Writes fully covered by this one are no longer anyone's data
             // (a cache write's range may be widened beyond the rows it
             // writes, so it retires nothing).
-            if !payloads[k].op.writes_cache_rows() {
+            let cache_rows = payloads[k].op.writes_cache_rows()
+                || matches!(payloads[k].op, weft_ops::Op::ProjAttention(_));
+            if !cache_rows {
                 list.retain(|(old, _)| !(w.start <= old.start && old.end <= w.end));
             }
             if weft_ops::fused::starts_pair(&payloads[k].op) {

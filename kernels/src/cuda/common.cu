@@ -23,6 +23,12 @@ typedef long long i64;
 
 // ---- programmatic dependent launch ------------------------------------------
 
+// The contract every kernel keeps: before this wait it reads only what no
+// kernel still running may write (weights no command buffer writes, the
+// step scalars the host copied before the launch, cache rows of earlier
+// steps), and writes nothing; a kernel may then start while the kernel
+// before it still waits itself (pdl_trigger).
+//
 // Every kernel calls this first. Launched with programmatic stream
 // serialization (launch.rs, WEFT_CUDA_PDL), a kernel may start while the
 // kernel before it finishes: it waits here until that one has completed and
@@ -138,6 +144,16 @@ DEV void cluster_sync() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+// An arrival that orders nothing: at a cluster kernel's entry, so that
+// the wait after it (before any access to another block's shared memory)
+// knows every block of the cluster has started.
+DEV void cluster_arrive_relaxed() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #else
     __trap();
 #endif

@@ -141,9 +141,11 @@ unsafe fn norm_quantize(
     }
     check_aligned(op, o.out, natural_alignment(o.out.tensor.dtype))?;
     let method = super::launch::f64_sum_method(op)?;
-    // The node after a norm is the fused attention (or reads only
-    // weights before its wait): it may launch before the norm waits.
-    let early = super::proj_attention::enabled()?;
+    // A decode norm is followed by the fused attention or a matvec, which
+    // read only weights, step scalars and earlier steps' cache rows before
+    // their wait: it may launch them before it waits (measured with the
+    // fused attention on; with it off the early launch was slower).
+    let early = super::proj_attention::enabled()? && o.x.tensor.rows() == 1;
     let l = norm_launch(op, o, eps, method, early)?;
     let f = kernels.fns.get(op, &l.kernel)?;
     let grid = (l.blocks, 1, 1);

@@ -158,6 +158,15 @@ pub(super) fn supports(
             ));
         }
         if let Some(c) = cache {
+            let view = &ins[i]; // the cache view attention reads (inputs 1 and 2)
+            let same =
+                c.buffer == view.buffer && c.offset == view.offset && c.cols() == view.cols();
+            if !same {
+                return Err(bad_call(
+                    OP,
+                    "a cache that is not the one attention reads".into(),
+                ));
+            }
             if c.dtype != DType::F16 || c.cols() != heads * d {
                 return Err(unsupported(
                     OP,

@@ -114,6 +114,7 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
     // steps, the query for the general body) need not precede the arrival
     // when the rows are delivered.
     const bool out = live && k == 0;
+    cluster_wait();  // every block has started (the entry's arrival)
     if (deliver && out) {
         const size_t cell = (size_t)fresh * D * 2;
         if (i == 0)
@@ -157,8 +158,12 @@ struct ProjWait {
 
     __device__ __forceinline__ void operator()() const {
         pdl_sync();
-        if (mine) proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, CH);
-        else cluster_arrive();
+        if (mine) {
+            proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, CH);
+        } else {
+            cluster_wait();
+            cluster_arrive();
+        }
         cluster_wait();
     }
     __device__ __forceinline__ bool filled() const { return deliver; }
@@ -178,6 +183,9 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
     const int row_bytes = p.nb * F::BYTES;
     const u8* src = mine ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
     u8* ws = att_dyn + p.smem;
+    // Two barrier phases: every block started (this arrival, waited for
+    // before any store into block 0's shared memory), then the rows written.
+    cluster_arrive_relaxed();
     if (mine && p.pre) proj_copy(ws, src, rows * row_bytes);
     const u32 qpos = step ? step[0] : a.q_position;
     const u32 kv_rows = step ? step[1] : a.kv_rows;
@@ -193,6 +201,7 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
             pdl_sync();
             proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, (int)a.chunk);
         } else {
+            cluster_wait();
             cluster_arrive();
         }
         cluster_wait();
