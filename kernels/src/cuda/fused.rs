@@ -65,6 +65,9 @@ pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), O
     act_suffix(op, out.dtype).map(|_| ())
 }
 
+/// `early`: let the next kernel launch before this one waits (see
+/// [`CudaKernels::launch_before`]).
+///
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn rms_norm_quantize(
@@ -73,6 +76,7 @@ pub(super) unsafe fn rms_norm_quantize(
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
     eps: f32,
+    early: bool,
 ) -> Result<(), OpError> {
     const OP: &str = "rms_norm_quantize";
     check_arity(OP, ins, outs, 2)?;
@@ -83,9 +87,12 @@ pub(super) unsafe fn rms_norm_quantize(
         w,
         out,
     };
-    norm_quantize(kernels, stream, OP, o, eps)
+    norm_quantize(kernels, stream, OP, o, eps, early)
 }
 
+/// `early`: let the next kernel launch before this one waits (see
+/// [`CudaKernels::launch_before`]).
+///
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn add_rms_norm_quantize(
@@ -94,6 +101,7 @@ pub(super) unsafe fn add_rms_norm_quantize(
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
     eps: f32,
+    early: bool,
 ) -> Result<(), OpError> {
     const OP: &str = "add_rms_norm_quantize";
     check_arity(OP, ins, outs, 3)?;
@@ -110,7 +118,7 @@ pub(super) unsafe fn add_rms_norm_quantize(
         w,
         out,
     };
-    norm_quantize(kernels, stream, OP, o, eps)
+    norm_quantize(kernels, stream, OP, o, eps, early)
 }
 
 /// A norm+quantize's tensors: rms_norm(x) is quantized into `out`, or with
@@ -134,6 +142,7 @@ unsafe fn norm_quantize(
     op: &'static str,
     o: NormOperands,
     eps: f32,
+    early: bool,
 ) -> Result<(), OpError> {
     let adds = [o.add.map(|a| a.0), o.add.map(|a| a.1)];
     for t in [Some(o.x), Some(o.w)].into_iter().chain(adds).flatten() {
@@ -141,11 +150,6 @@ unsafe fn norm_quantize(
     }
     check_aligned(op, o.out, natural_alignment(o.out.tensor.dtype))?;
     let method = super::launch::f64_sum_method(op)?;
-    // A decode norm is followed by the fused attention or a matvec, which
-    // read only weights, step scalars and earlier steps' cache rows before
-    // their wait: it may launch them before it waits (measured with the
-    // fused attention on; with it off the early launch was slower).
-    let early = super::proj_attention::enabled()? && o.x.tensor.rows() == 1;
     let l = norm_launch(op, o, eps, method, early)?;
     let f = kernels.fns.get(op, &l.kernel)?;
     let grid = (l.blocks, 1, 1);

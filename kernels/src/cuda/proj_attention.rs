@@ -41,10 +41,7 @@ const PARTS: usize = 2;
 pub const PROJ_ATTENTION_ENV: &str = "WEFT_CUDA_PROJ_ATTENTION";
 
 /// Whether the fused node is on, under [`PROJ_ATTENTION_ENV`] (read once).
-/// The norms before it then let it launch before they wait
-/// (`fused::norm_launch`): its weight and cache copies overlap the layer's
-/// down projection.
-pub(super) fn enabled() -> Result<bool, OpError> {
+fn enabled() -> Result<bool, OpError> {
     static MODE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
     let v = MODE.get_or_init(|| match std::env::var(PROJ_ATTENTION_ENV).as_deref() {
         Err(_) | Ok("1") => Ok(true),

@@ -541,7 +541,14 @@ impl CudaBackend {
         if let Some(clock) = &g.clock {
             mark(&clock.origin, &self.main, capturing)?;
         }
-        for level in &cb.levels {
+        for (li, level) in cb.levels.iter().enumerate() {
+            // The node the main stream runs after this level's, when a
+            // single node (a norm may let it launch early).
+            let next = cb
+                .levels
+                .get(li + 1)
+                .filter(|l| l.len() == 1)
+                .map(|l| &cb.nodes[l.start].node);
             // Scratch in node order, as `build` sized it.
             let scratch_at: Vec<u64> = level
                 .clone()
@@ -585,6 +592,7 @@ impl CudaBackend {
                         g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
                         scratch_at[i - level.start],
                         step(i),
+                        next.filter(|_| width == 1),
                     )?;
                     if let Some(clock) = &g.clock {
                         mark(&clock.marks[i].1, stream, capturing)?;
@@ -684,6 +692,7 @@ impl CudaBackend {
         staged: Option<&[u8]>,
         scratch: u64,
         step: u64,
+        next: Option<&OpNode>,
     ) -> Result<(), RuntimeError> {
         let fail = |e: weft_ops::OpError| RuntimeError::Execution {
             op: n.node.op.name(),
@@ -701,7 +710,7 @@ impl CudaBackend {
         // SAFETY: every tensor was resolved to live device memory of its size.
         unsafe {
             self.kernels
-                .launch(stream, &n.node, &n.ins, &n.outs, scratch, step)
+                .launch_before(stream, &n.node, &n.ins, &n.outs, scratch, step, next)
         }
         .map_err(fail)
     }
