@@ -37,7 +37,7 @@ const PARTS: usize = 2;
 /// the default). Off, the fusion pass leaves the projections and the
 /// attention as separate nodes (one more level per layer), and the norms
 /// wait before the next kernel launches. Same bits; SmolLM2 on an H200:
-/// 0.5134-0.5142 ms per decode token on, 0.5294-0.5298 off.
+/// 0.496-0.501 ms per decode token on, 0.529-0.530 off.
 pub const PROJ_ATTENTION_ENV: &str = "WEFT_CUDA_PROJ_ATTENTION";
 
 /// Whether the fused node is on, under [`PROJ_ATTENTION_ENV`] (read once).
