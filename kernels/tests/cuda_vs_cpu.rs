@@ -1127,6 +1127,21 @@ fn v_expf_port_matches_the_cpu() {
     assert_eq!(bad, 0, "{bad} v_expf mismatches");
 }
 
+/// Plain causal attention (scale 1/8) at `qp` over a cache of `capacity` rows.
+fn decode_params(heads: usize, kvh: usize, d: usize, qp: u32, capacity: usize) -> AttentionParams {
+    AttentionParams {
+        heads,
+        kv_heads: kvh,
+        head_dim: d,
+        scale: 0.125,
+        q_position: qp,
+        window: None,
+        ring: None,
+        softcap: 0.0,
+        kv_capacity: capacity as u32,
+    }
+}
+
 #[test]
 fn captured_graph_replays_with_new_step_scalars() {
     // Capture a decode step's kernels (set_rows into the cache, attention
@@ -1156,17 +1171,7 @@ fn captured_graph_replays_with_new_step_scalars() {
     let wq = weights(&mut rng, &mut mem, DType::Q4_1, 576, heads * d);
     let proj = mem.zeros(DType::F32, &[1, 576]).unwrap();
     let make = |qp: u32, view_rows: usize| {
-        let p = AttentionParams {
-            heads,
-            kv_heads: kvh,
-            head_dim: d,
-            scale: 0.125,
-            q_position: qp,
-            window: None,
-            ring: None,
-            softcap: 0.0,
-            kv_capacity: capacity as u32,
-        };
+        let p = decode_params(heads, kvh, d, qp, capacity);
         vec![
             node(
                 Op::SetRows {
@@ -1450,17 +1455,7 @@ fn qkv_attention_bit_exact() {
                 let vn = rows(None, write, vec![x, wv], vc);
                 let natural = qp as usize + 1;
                 for (view_rows, whole) in [(natural, false), (capacity, true)] {
-                    let p = AttentionParams {
-                        heads,
-                        kv_heads: kvh,
-                        head_dim: d,
-                        scale: 0.125,
-                        q_position: qp,
-                        window: None,
-                        ring: None,
-                        softcap: 0.0,
-                        kv_capacity: capacity as u32,
-                    };
+                    let p = decode_params(heads, kvh, d, qp, capacity);
                     let (kview, vview) = (
                         kc.rows_view(0, view_rows).unwrap(),
                         vc.rows_view(0, view_rows).unwrap(),

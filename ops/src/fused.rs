@@ -130,9 +130,8 @@ pub fn decompose(
             ]
         }
         Op::ProjAttention(p) => {
-            let absorbed = p.k.is_some() as usize + p.v.is_some() as usize;
-            arity(5 + absorbed, 1 + absorbed)?;
-            let parts_of = ProjParts::of(node);
+            let count = p.k.is_some() as usize + p.v.is_some() as usize;
+            arity(5 + count, 1 + count)?;
             let (x, pos) = (ins[0], ins[4]);
             let q = scratch(DType::F32, &[x.rows(), ins[3].rows()])?;
             let mut parts = vec![OpNode::new(
@@ -143,7 +142,7 @@ pub fn decompose(
                 vec![x, ins[3], pos],
                 vec![q],
             )];
-            for (pw, (w, cache)) in [p.k, p.v].into_iter().flatten().zip(parts_of.absorbed) {
+            for (pw, (w, cache)) in [p.k, p.v].into_iter().flatten().zip(absorbed(node)) {
                 let mut inputs = vec![x, w];
                 if pw.rope.is_some() {
                     inputs.push(pos);
@@ -184,20 +183,11 @@ pub fn starts_pair(op: &Op) -> bool {
     )
 }
 
-/// The tensors of an [`Op::ProjAttention`] node by role.
-struct ProjParts {
-    /// `(weights, cache)` of the absorbed key, then value, projection.
-    absorbed: Vec<(Tensor, Tensor)>,
-}
-
-impl ProjParts {
-    fn of(node: &OpNode) -> Self {
-        let weights = node.inputs.iter().skip(5).copied();
-        let caches = node.outputs.iter().skip(1).copied();
-        Self {
-            absorbed: weights.zip(caches).collect(),
-        }
-    }
+/// `(weights, cache)` of the projections an [`Op::ProjAttention`] node
+/// absorbed: the key's, then the value's.
+fn absorbed(node: &OpNode) -> Vec<(Tensor, Tensor)> {
+    let weights = node.inputs.iter().skip(5).copied();
+    weights.zip(node.outputs.iter().skip(1).copied()).collect()
 }
 
 /// A decode projection `first` (a `matmul_rows` writing a cache, reading
@@ -232,13 +222,13 @@ fn absorb_projection(first: &OpNode, second: &OpNode, slot: usize) -> Option<OpN
         params.v = Some(pw);
     }
     // Canonical order: the key projection's weights and cache first.
-    let mut absorbed = ProjParts::of(second).absorbed;
-    let at = if slot == 1 { 0 } else { absorbed.len() };
-    absorbed.insert(at, (first.inputs[1], cache));
+    let mut parts = absorbed(second);
+    let at = if slot == 1 { 0 } else { parts.len() };
+    parts.insert(at, (first.inputs[1], cache));
     let mut inputs = second.inputs[..5].to_vec();
-    inputs.extend(absorbed.iter().map(|(w, _)| *w));
+    inputs.extend(parts.iter().map(|(w, _)| *w));
     let mut outputs = vec![second.outputs[0]];
-    outputs.extend(absorbed.iter().map(|(_, c)| *c));
+    outputs.extend(parts.iter().map(|(_, c)| *c));
     Some(OpNode::new(
         Op::ProjAttention(Box::new(params)),
         inputs,

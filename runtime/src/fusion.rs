@@ -160,6 +160,7 @@ fn readers(nodes: &[Node], payloads: &[OpNode]) -> Vec<Vec<usize>> {
             // Writes fully covered by this one are no longer anyone's data
             // (a cache write's range may be widened beyond the rows it
             // writes, so it retires nothing).
+            // (The fused attention writes cache rows too, beside its output.)
             let cache_rows = payloads[k].op.writes_cache_rows()
                 || matches!(payloads[k].op, weft_ops::Op::ProjAttention(_));
             if !cache_rows {

@@ -138,16 +138,7 @@ DEV u32 cluster_rank() {
     return 0;
 #endif
 }
-// Every thread of every block of the cluster; shared-memory writes before
-// it are visible to the cluster's blocks after it.
-DEV void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
+
 // An arrival that orders nothing: at a cluster kernel's entry, so that
 // the wait after it (before any access to another block's shared memory)
 // knows every block of the cluster has started.
@@ -173,6 +164,12 @@ DEV void cluster_wait() {
 #else
     __trap();
 #endif
+}
+// Every thread of every block of the cluster; shared-memory writes before
+// it are visible to the cluster's blocks after it.
+DEV void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
 }
 // A word of block `rank`'s shared memory at the address `p` has in this one.
 DEV u32 cluster_ld_u32(const void* p, u32 rank) {

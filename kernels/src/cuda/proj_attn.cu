@@ -19,7 +19,7 @@
 // before it. Each block's weight rows are copied into shared memory before
 // the wait when they are constant (block 0's beside attention's own copies
 // of earlier cells); block 0 computes its rows where the attention body
-// waits (ProjWait). The clusters of a kv head's query heads all write that
+// waits (ProjPart). The clusters of a kv head's query heads all write that
 // head's cache rows (the same bits); each reads only its own cluster's.
 
 // Mirrors `ProjArgs` in proj_attention.rs, field for field. Matrix 0 is the
@@ -138,15 +138,12 @@ DEV void proj_rows(const ProjArgs& p, const u32* step, u8* ws, const u8* src, in
     if (!deliver) cluster_arrive();
 }
 
-// Which rows block z of a head's cluster computes.
-DEV void proj_block(int z, int D, int& i, int& r0, int& rows) {
-    i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
-}
-
-// The attention block's wait: the wait, its query rows (if any), then the
-// cluster barrier after which every block's rows are written.
+// One block's part of a head's cluster: its rows (if its matrix is
+// absorbed; after the wait on the kernels before), then the cluster barrier
+// after which every block's rows are written. Block 0 runs it where the
+// attention body waits.
 template <class F>
-struct ProjWait {
+struct ProjPart {
     const ProjArgs& p;
     const u32* step;
     u8* ws;
@@ -157,8 +154,8 @@ struct ProjWait {
     int CH;
 
     __device__ __forceinline__ void operator()() const {
-        pdl_sync();
         if (mine) {
+            pdl_sync();
             proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, CH);
         } else {
             cluster_wait();
@@ -170,15 +167,14 @@ struct ProjWait {
 };
 
 // f16 caches; OUTF 0 / 1: the attention rows quantized to Q8_0 / Q8_1.
-// Block z of a head's cluster computes its rows (proj_block); block 0 then
-// attends.
+// Block z of a head's cluster computes part z % PROJ_PARTS of matrix
+// z / PROJ_PARTS (the query's block 0 always has one); block 0 then attends.
 template <class F, int OUTF>
 DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out,
                         const AttnArgs& a, const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
     const int D = a.head_dim, h = blockIdx.x, kvh = h / (a.heads / a.kv_heads), z = blockIdx.z;
-    int i = 0, r0 = 0, rows = 0;
-    proj_block(z, D, i, r0, rows);
+    const int i = z / PROJ_PARTS, rows = D / PROJ_PARTS, r0 = (z % PROJ_PARTS) * rows;
     const bool mine = p.w[i] != 0;
     const int row_bytes = p.nb * F::BYTES;
     const u8* src = mine ? p.w[i] + ((size_t)(i ? kvh : h) * D + r0) * row_bytes : 0;
@@ -196,23 +192,16 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
     const u32 fresh = a.ring != NONE_U32 ? qpos % a.ring : qpos;
     const u32 cells = a.ring != NONE_U32 ? min(a.ring, kv_rows) : min(qpos + 1u, kv_rows);
     const bool deliver = fits && fresh < cells && p.w[1] && p.w[2];
+    const ProjPart<F> part{p, step, ws, src, i, r0, rows, D, h, kvh, mine, deliver, fresh, (int)a.chunk};
     if (z != 0) {
-        if (mine) {
-            pdl_sync();
-            proj_rows<F>(p, step, ws, src, i, r0, rows, D, h, kvh, p.pre, deliver, fresh, (int)a.chunk);
-        } else {
-            cluster_wait();
-            cluster_arrive();
-        }
-        cluster_wait();
+        part();
         return;
     }
-    const ProjWait<F> wait{p, step, ws, src, i, r0, rows, D, h, kvh, mine, deliver, fresh, (int)a.chunk};
     if (fits) {
-        attn_decode_body<OUTF>(p.q, kc, vc, out, a, qpos, kv_rows, wait);
+        attn_decode_body<OUTF>(p.q, kc, vc, out, a, qpos, kv_rows, part);
         return;
     }
-    wait();
+    part();
     attn_chunk_body<true, true, OUTF>(p.q, kc, vc, out, a, step);  // its wait: already done
 }
 
