@@ -4,6 +4,7 @@
 //! public files'; the weights are random and tiled (see
 //! `deepseek4::synthetic::write_random_tiled`).
 
+use super::output::OutputFile;
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -28,8 +29,8 @@ pub struct SynthModelArgs {
     /// Context length written to the metadata (Flash: 1M).
     #[arg(long)]
     context: Option<u32>,
-    /// Random rows per tensor before they repeat.
-    #[arg(long, default_value_t = 256)]
+    /// Random rows per tensor before they repeat, 1 to 1048576.
+    #[arg(long, default_value_t = 256, value_parser = super::values::int_in::<usize>(1, 1 << 20))]
     tile_rows: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -72,9 +73,11 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         c.context = context;
     }
     let types = TensorTypes::flash_gguf();
+    let out = OutputFile::open(&a.out, "--out")?;
     let start = Instant::now();
     let bytes = write_random_tiled(&a.out, &c, &types, a.seed, a.tile_rows)?;
-    eprintln!(
+    out.keep();
+    crate::note!(
         "wrote {} ({:.2} GB, {} layers, {} experts of which {} used, {:.1} s)",
         a.out.display(),
         bytes as f64 / 1e9,
@@ -83,7 +86,7 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         c.experts_used,
         start.elapsed().as_secs_f64()
     );
-    eprintln!(
+    crate::note!(
         "a decode token reads {:.2} GB of weights (every tensor once, {} of {} experts per layer, one embedding row)",
         decode_weight_bytes(&c, &types) as f64 / 1e9,
         c.experts_used,
