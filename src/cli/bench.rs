@@ -24,13 +24,13 @@ pub struct BenchArgs {
     diag: DiagArgs,
     /// Prompt tokens per prompt-processing run (0: skip). The bench's
     /// context, the larger of `pp` and `tg` plus 16, must fit the model's.
-    #[arg(long, default_value_t = 512, value_parser = values::tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 512, value_parser = values::tokens)]
     pp: u32,
     /// Generated tokens per generation run (0: skip).
-    #[arg(long, default_value_t = 128, value_parser = values::tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 128, value_parser = values::tokens)]
     tg: u32,
     /// Repetitions, 1 to 10000 (the median is reported).
-    #[arg(long, default_value_t = 5, value_parser = values::int_in::<usize>(1, 10_000))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 5, value_parser = values::int_in::<usize>(1, 10_000))]
     reps: usize,
     /// Print one JSON object.
     #[arg(long)]

@@ -35,10 +35,10 @@ pub struct DumpArgs {
     model: ModelArgs,
     /// Tokens in the step: 1 records a decode step, more a prefill step.
     /// Position plus tokens must fit the model's context.
-    #[arg(long, default_value_t = 1, value_parser = values::tokens_at_least_1)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = values::tokens_at_least_1)]
     tokens: u32,
     /// Cache position of the step (the cache is filled up to it first).
-    #[arg(long, default_value_t = 0, value_parser = values::tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0, value_parser = values::tokens)]
     position: u32,
     #[arg(long, value_enum, default_value_t = DumpFormat::Json)]
     format: DumpFormat,
@@ -59,21 +59,21 @@ pub struct SynthArgs {
     #[arg(long)]
     random: bool,
     /// `--shape llama`: layers, 1 to 4096.
-    #[arg(long, default_value_t = 30, value_parser = values::int_in::<u32>(1, 4096))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 30, value_parser = values::int_in::<u32>(1, 4096))]
     layers: u32,
     /// `--shape llama`: tokens in the step, 1 to 1048576.
-    #[arg(long, default_value_t = 1, value_parser = values::int_in::<u64>(1, values::MAX_TOKENS))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = values::int_in::<u64>(1, values::MAX_TOKENS))]
     tokens: u64,
     /// `--random`: nodes, 1 to 1000000.
-    #[arg(long, default_value_t = 1000, value_parser = values::int_in::<usize>(1, 1_000_000))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000, value_parser = values::int_in::<usize>(1, 1_000_000))]
     nodes: usize,
     /// `--random`: buffers, 1 to 65536.
-    #[arg(long, default_value_t = 16, value_parser = values::int_in::<u32>(1, 65_536))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 16, value_parser = values::int_in::<u32>(1, 65_536))]
     buffers: u32,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Layers per command buffer, 1 to 4096 (default: one command buffer).
-    #[arg(long, value_parser = values::layers_per_cb)]
+    #[arg(allow_negative_numbers = true, long, value_parser = values::layers_per_cb)]
     layers_per_cb: Option<u32>,
     /// Print one JSON object.
     #[arg(long)]

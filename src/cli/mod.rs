@@ -70,11 +70,11 @@ pub struct ModelArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Worker threads, 1 to 1024 (default: `WEFT_THREADS`, else all cores).
-    #[arg(long, value_parser = values::threads)]
+    #[arg(allow_negative_numbers = true, long, value_parser = values::threads)]
     pub threads: Option<usize>,
     /// Layers per command buffer, 1 to 4096 (default: `WEFT_LAYERS_PER_CB`,
     /// else all layers in one).
-    #[arg(long, value_parser = values::layers_per_cb)]
+    #[arg(allow_negative_numbers = true, long, value_parser = values::layers_per_cb)]
     pub layers_per_cb: Option<u32>,
     /// Run in recorded order instead of the reorder pass (diagnosis; also
     /// `WEFT_REORDER=0`).

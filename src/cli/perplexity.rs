@@ -15,11 +15,22 @@ pub struct PerplexityArgs {
     /// Window (context) length in tokens, 3 to 1048576: each window scores
     /// its second half, less its last token, so 3 is the least that scores
     /// one.
-    #[arg(long, default_value_t = 512, value_parser = super::values::int_in::<u32>(3, super::values::MAX_TOKENS))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 512, value_parser = window)]
     ctx: u32,
     /// Print one JSON object: {"ppl", "chunks", "tokens"}.
     #[arg(long)]
     json: bool,
+}
+
+/// A `--ctx` value: 3 to 1048576.
+fn window(text: &str) -> Result<u32, String> {
+    let n = super::values::int_in::<u32>(0, super::values::MAX_TOKENS)(text)?;
+    if n < 3 {
+        return Err(format!(
+            "a window of {n} tokens scores none; the smallest that scores one is 3"
+        ));
+    }
+    Ok(n)
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {

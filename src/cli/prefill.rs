@@ -29,7 +29,7 @@ pub struct PrefillArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// The most runs a script may expand to (its sweeps multiplied out).
-    #[arg(long, default_value_t = 1000, value_parser = super::values::int_in::<usize>(1, 1_000_000))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000, value_parser = super::values::int_in::<usize>(1, 1_000_000))]
     max_runs: usize,
 }
 

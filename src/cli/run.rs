@@ -35,7 +35,7 @@ pub struct RunArgs {
     )]
     prompt: Option<String>,
     /// The prompt as token ids, comma-separated (`--prompt-ids 1,2,3`; any model).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     prompt_ids: Option<Vec<u32>>,
     /// Tokens to generate, 0 to 1048576 (`-n N`, `-n=N` or `--n-predict N`).
     #[arg(
@@ -49,22 +49,22 @@ pub struct RunArgs {
     /// Sampling temperature, a finite number >= 0; 0 is greedy (argmax,
     /// ties to the lowest id), and so is a temperature so small that the
     /// scaled logits overflow.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true, value_parser = values::temperature)]
+    #[arg(long, default_value_t = 0.8, allow_hyphen_values = true, value_parser = values::temperature)]
     temp: f32,
     /// Seed of the sampler (default: from the clock).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Keep the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     top_k: usize,
     /// Nucleus sampling, 0 to 1 (1: off).
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true, value_parser = values::probability)]
+    #[arg(long, default_value_t = 0.95, allow_hyphen_values = true, value_parser = values::probability)]
     top_p: f32,
     /// Drop tokens less likely than this fraction of the most likely one, 0 to 1 (0: off).
-    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true, value_parser = values::probability)]
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true, value_parser = values::probability)]
     min_p: f32,
     /// Repetition penalty, a finite number > 0 (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = values::penalty)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = values::penalty)]
     repeat_penalty: f32,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
@@ -73,7 +73,7 @@ pub struct RunArgs {
     #[arg(long)]
     stop: Vec<String>,
     /// Context length, 1 to 1048576 (default: the model's, at most 4096).
-    #[arg(long, value_parser = values::tokens_at_least_1)]
+    #[arg(allow_negative_numbers = true, long, value_parser = values::tokens_at_least_1)]
     ctx: Option<u32>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,

@@ -20,19 +20,19 @@ pub struct SynthModelArgs {
     #[arg(long, default_value = "deepseek4-flash")]
     arch: String,
     /// Transformer layers (Flash: 43).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     layers: Option<usize>,
     /// Routed experts per layer (Flash: 256). Fewer experts keep the file
     /// small; a decode step reads the same bytes (6 experts per layer).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     experts: Option<usize>,
     /// Context length written to the metadata (Flash: 1M).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     context: Option<u32>,
     /// Random rows per tensor before they repeat, 1 to 1048576.
-    #[arg(long, default_value_t = 256, value_parser = super::values::int_in::<usize>(1, 1 << 20))]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 256, value_parser = super::values::int_in::<usize>(1, 1 << 20))]
     tile_rows: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Output GGUF file.
     #[arg(long)]

@@ -43,46 +43,27 @@ pub fn tokens_at_least_1(text: &str) -> Result<u32, String> {
     int_in(1, MAX_TOKENS)(text)
 }
 
-fn float(text: &str) -> Result<f32, String> {
-    let v: f32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number"))?;
-    if !v.is_finite() {
-        return Err(format!("`{text}` is not a finite number"));
+/// A finite number in `ok`, or an error saying it is not `accepts`.
+fn float(text: &str, accepts: &str, ok: impl Fn(f32) -> bool) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() && ok(v) => Ok(v),
+        _ => Err(format!("`{text}` is not {accepts}")),
     }
-    Ok(v)
 }
 
 /// A sampling temperature: finite and at least 0 (0 is greedy).
 pub fn temperature(text: &str) -> Result<f32, String> {
-    let v = float(text)?;
-    if v < 0.0 {
-        return Err(format!(
-            "`{text}` is negative; give a number >= 0 (0: greedy)"
-        ));
-    }
-    Ok(v)
+    float(text, "a finite number >= 0 (0: greedy)", |v| v >= 0.0)
 }
 
 /// A probability from 0 to 1 (top-p, min-p).
 pub fn probability(text: &str) -> Result<f32, String> {
-    let v = float(text)?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("`{text}` is outside 0 to 1"));
-    }
-    Ok(v)
+    float(text, "a number from 0 to 1", |v| (0.0..=1.0).contains(&v))
 }
 
 /// A repetition penalty: finite and above 0 (1 is off).
 pub fn penalty(text: &str) -> Result<f32, String> {
-    let v = float(text)?;
-    if v <= 0.0 {
-        return Err(format!(
-            "`{text}` is not above 0; give a number > 0 (1: off)"
-        ));
-    }
-    Ok(v)
+    float(text, "a finite number > 0 (1: off)", |v| v > 0.0)
 }
 
 #[cfg(test)]
