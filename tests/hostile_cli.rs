@@ -381,6 +381,13 @@ fn stream_cases(dir: &Path) -> Vec<Case> {
         .arg(&text_file)
         .streams(StderrClosed)
         .model(),
+        case(
+            "perplexity --ctx 3 scores one token a window",
+            &["perplexity", "--ctx", "3", "--threads", "1", "--json", "-f"],
+            success("\"ppl\"", &[]),
+        )
+        .arg(&text_file)
+        .model(),
         case("bench | closed pipe", &bench, Quiet)
             .streams(StdoutClosed)
             .model(),
@@ -556,6 +563,13 @@ fn size_cases() -> Vec<Case> {
             &format!("synth-model {flag} {n}"),
             &["synth-model", "--out", "/tmp/never-written.gguf", flag, n],
             refused(&[flag]),
+        ));
+    }
+    for layers in ["0..4294967295", "3..1", "a..b", "-1..2"] {
+        v.push(case(
+            &format!("graph dump --layers {layers}"),
+            &["graph", "dump", "--out", "/tmp/x.json", "--layers", layers],
+            refused(&["--layers", layers]),
         ));
     }
     v.push(case(

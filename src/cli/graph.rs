@@ -43,7 +43,7 @@ pub struct DumpArgs {
     #[arg(long, value_enum, default_value_t = DumpFormat::Json)]
     format: DumpFormat,
     /// DOT only: show layers `a..b` and collapse the others.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     layers: Option<String>,
     /// Output file.
     #[arg(long)]
@@ -159,7 +159,7 @@ fn parse_layers(text: &str) -> Result<std::ops::Range<u32>> {
         .split_once("..")
         .and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
     match parsed {
-        Some((a, b)) if a <= b => Ok(a..b + 1),
+        Some((a, b)) if a <= b && b < u32::MAX => Ok(a..b + 1),
         _ => bail!("--layers takes `a..b` (inclusive layer numbers, e.g. 0..2), not `{text}`"),
     }
 }
