@@ -1,18 +1,19 @@
 //! A SmolLM2 session saved after a prefill and loaded into a fresh cache
-//! decodes exactly as the uninterrupted run; files of another model
+//! decodes exactly as the uninterrupted run (and so does a DeepSeek-V4
+//! one, saved inside its compressor windows); files of another model
 //! identity, truncated, corrupted or inconsistent ones are refused with
 //! their reason and leave the target cache as it was.
 
 mod common;
 
-use common::{load_smollm2, prefilled, Setup};
+use common::{load_smollm2, prefilled, reference_dir, reference_json, Setup};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use weft::models::identity::{identity_of, ModelIdentity};
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
 use weft::runtime::cache::KvCache;
-use weft::runtime::GraphExecutor;
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
 const CONTEXT: u32 = 256;
 const STEPS: usize = 24;
@@ -106,6 +107,56 @@ fn a_loaded_session_decodes_like_the_uninterrupted_run() {
         identity_of(&model.file, config).unwrap()
     );
     assert!(std::ptr::eq(model.gguf_digest(), model.gguf_digest()));
+}
+
+/// DeepSeek-V4 keeps compressor values, gates and compressed rows in its
+/// cache beside the window ring: a session saved in the middle of its
+/// compressor windows continues bit for bit in a fresh cache.
+#[test]
+fn a_deepseek4_session_saved_inside_compressor_windows_continues_exactly() {
+    let fixture = reference_dir().join("dsv4_tiny/flash-tiny-short");
+    let reference = reference_json("dsv4_tiny/flash-tiny-short/reference_p43.json");
+    let prompt: Vec<u32> =
+        serde_json::from_value(reference["prompt"]["token_ids"].clone()).expect("prompt ids");
+    let config = ExecutorConfig {
+        threads: 2,
+        check_schedules: true,
+        ..ExecutorConfig::default()
+    };
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&fixture.join("model.gguf"), &mut exec).expect("model");
+    let dir = Scratch::new("deepseek4");
+    let path = dir.path("dsv4.weftkv");
+    // 41 tokens: inside a CSA window (41 mod 4 = 1) and an HCA window
+    // (41 mod 16 = 9), after the window ring (8) wrapped.
+    let mut cache = model.new_cache(&mut exec, 256, 64).expect("cache");
+    let logits = model
+        .step(&mut exec, &mut cache, &prompt[..41], LogitRows::Last)
+        .expect("prefill");
+    let first = argmax(&logits) as u32;
+    model.save_session(&mut exec, &cache, &path).expect("save");
+    let decode = |exec: &mut GraphExecutor, cache: &mut KvCache| -> Vec<Vec<f32>> {
+        let mut t = first;
+        (0..12)
+            .map(|_| {
+                let l = model
+                    .step(exec, cache, &[t], LogitRows::Last)
+                    .expect("decode");
+                t = argmax(&l) as u32;
+                l
+            })
+            .collect()
+    };
+    // Decoding 12 tokens (positions 41-52) closes CSA rows 10-12 and HCA row 2.
+    let want = decode(&mut exec, &mut cache);
+    let mut fresh = model.new_cache(&mut exec, 256, 64).expect("cache");
+    model
+        .load_session(&mut exec, &mut fresh, &path)
+        .expect("load");
+    assert_eq!(fresh.position(), 41);
+    let got = decode(&mut exec, &mut fresh);
+    let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert!(bits(&got) == bits(&want), "decoding after loading differs");
 }
 
 /// A saved session of one prompt and a target cache holding another.
