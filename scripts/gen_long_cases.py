@@ -3,7 +3,7 @@
 attention kernels the short reference prompts never reach: the tiled kernel
 (>= 64 prompt tokens in a ubatch) and the split-KV decode (> 256 cached tokens).
 
-Uses llama-cpp-python 0.3.36 (the llama.cpp of ../shared/reference), CPU, KV f16,
+Uses llama-cpp-python 0.3.36 (the llama.cpp of tests/reference), CPU, KV f16,
 flash attention on, n_ctx 512, 2 threads, whole prompt in one batch, greedy.
     /tmp/lcp/bin/python scripts/gen_long_cases.py MODEL.gguf > tests/data/smollm2_long_cases.json
 """

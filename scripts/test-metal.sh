@@ -3,7 +3,7 @@
 #   1. every op's Metal kernel against the reference semantics
 #      (kernels/tests/metal_vs_cpu.rs);
 #   2. SmolLM2-135M-Instruct Q4_1 greedy continuations on Metal against
-#      llama.cpp's reference token ids (shared/reference/smollm2.json);
+#      llama.cpp's reference token ids (tests/reference/smollm2.json);
 #   3. `weft bench --backend metal` next to llama.cpp's `llama-bench` on
 #      this Mac's GPU (skipped with a message when llama-bench is missing).
 #
@@ -12,7 +12,7 @@
 #
 # Environment:
 #   WEFT_REFERENCE_DIR  llama.cpp's reference outputs (default: the
-#                       `shared/reference` folder beside the checkout)
+#                       repository's `tests/reference`)
 #   LLAMA_BENCH         llama-bench binary (default: `llama-bench` on PATH;
 #                       `brew install llama.cpp` provides a Metal build)
 #   WEFT_METAL_SKIP     comma-separated steps to skip: ops, greedy, bench
@@ -53,12 +53,7 @@ fi
 
 reference_dir() {
   if [[ -n "${WEFT_REFERENCE_DIR:-}" ]]; then echo "$WEFT_REFERENCE_DIR"; return; fi
-  local d="$PWD"
-  while [[ "$d" != "/" ]]; do
-    if [[ -d "$d/shared/reference" ]]; then echo "$d/shared/reference"; return; fi
-    d="$(dirname "$d")"
-  done
-  echo "$PWD/../shared/reference"
+  echo "$PWD/tests/reference"
 }
 
 if ! skip greedy; then

@@ -1,5 +1,5 @@
 //! DeepSeek-V4 on the CUDA backend against every fixture of
-//! `../shared/reference/dsv4_tiny/`: the same checks as `dsv4_forward.rs`
+//! `tests/reference/dsv4_tiny/`: the same checks as `dsv4_forward.rs`
 //! (argmax at every prompt position, logits within 1e-3 of the reference,
 //! the 16-token greedy continuation through the decode path, one token per
 //! step and one CUDA graph per step structure), and the distance to the CPU

@@ -1,5 +1,5 @@
 //! DeepSeek-V4 on weft (recorded graphs, CPU kernels, the cache module)
-//! against every fixture of `../shared/reference/dsv4_tiny/`: argmax at
+//! against every fixture of `tests/reference/dsv4_tiny/`: argmax at
 //! every prompt position, logits at every position (the last one included)
 //! within 1e-3, and the 16-token greedy continuation through the decode
 //! path (one token per step through the cache), tokens identical and

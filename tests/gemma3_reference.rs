@@ -1,5 +1,5 @@
 //! Gemma 3 270M Q4_K_M against llama.cpp's reference outputs in
-//! `../shared/reference/gemma3.json`: prompt token ids (with BOS), the
+//! `tests/reference/gemma3.json`: prompt token ids (with BOS), the
 //! top-5 logits at the last prompt position and at every step of the
 //! 32-token greedy continuations, and the continuations themselves.
 //!

@@ -1,5 +1,5 @@
 //! SmolLM2-135M-Instruct Q4_1 against llama.cpp's reference outputs in
-//! `../shared/reference/`: prompt token ids, last-position logits (top-5 and
+//! `tests/reference/`: prompt token ids, last-position logits (top-5 and
 //! the full vector), and 32-token greedy continuations.
 
 mod common;

@@ -1,6 +1,6 @@
 //! Diagnostic (ignored by default): tapped intermediates of prompt 0 written
 //! as JSON (`name -> [sum, first values]`) to compare with llama.cpp's
-//! per-op trace in `../shared/reference/smollm2_layer_trace_prompt0.txt.gz`.
+//! per-op trace in `tests/reference/smollm2_layer_trace_prompt0.txt.gz`.
 //! Run: `cargo test --release --test trace_taps -- --ignored` (writes
 //! `target/weft_taps_prompt0.json`).
 

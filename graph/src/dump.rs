@@ -1,6 +1,6 @@
 //! JSON dumps of a recording and its schedule.
 //!
-//! The schema is shared with `../shared/tools/check_schedule.py`:
+//! The schema, for tools that check a schedule on their own:
 //! `{"buffers": [{"id", "bytes", "name"}], "nodes": [{"id", "op", "label",
 //! "layer", "reads": [[buffer, start, end]], "writes": [...], "level",
 //! "command_buffer"}], "command_buffers": [stats...]}`; ranges are half-open

@@ -4,12 +4,14 @@
 use crate::deepseek4::DeepSeek4;
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
+use crate::identity::GgufDigest;
 use crate::llama::Llama;
 use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightMap;
 use crate::ModelError;
 use std::path::Path;
+use std::sync::OnceLock;
 use weft_ops::DType;
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
@@ -38,6 +40,8 @@ pub struct Model {
     pub arch: String,
     /// `general.name`, or the file name.
     pub name: String,
+    /// The file's digest, hashed on first use (`Model::gguf_digest`).
+    pub(crate) digest: OnceLock<GgufDigest>,
 }
 
 impl Model {
@@ -73,6 +77,7 @@ impl Model {
             family,
             arch,
             name,
+            digest: OnceLock::new(),
         })
     }
 

@@ -1,6 +1,7 @@
 //! The tokenizers of the real models against llama.cpp.
 //!
-//! - `../shared/reference/{smollm2,gemma3}.json`: llama.cpp's prompt ids and
+//! - `tests/reference/{smollm2,gemma3}.json` (in the workspace root;
+//!   `WEFT_REFERENCE_DIR` overrides the folder): llama.cpp's prompt ids and
 //!   greedy continuations for the reference prompts;
 //! - `tests/data/tokenizer_cases_{smollm2,gemma3}.json`: a few hundred varied
 //!   strings tokenized by llama.cpp itself, random id sequences rendered by
@@ -20,21 +21,16 @@ use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, ModelKind, TokenId, Tokenizer, Vocab};
 
-/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the first
-/// `shared/reference` beside the workspace or one of its parents.
+/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the repository's
+/// `tests/reference` (beside this crate, in the workspace root).
 fn reference_dir() -> String {
-    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
-        return dir.to_string_lossy().into_owned();
+    match std::env::var_os("WEFT_REFERENCE_DIR") {
+        Some(dir) if dir.is_empty() => {
+            panic!("WEFT_REFERENCE_DIR is set but empty; unset it to use tests/reference")
+        }
+        Some(dir) => dir.to_string_lossy().into_owned(),
+        None => concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/reference").into(),
     }
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let found = root
-        .ancestors()
-        .map(|a| a.join("shared/reference"))
-        .find(|p| p.is_dir());
-    found
-        .unwrap_or_else(|| root.join("../../shared/reference"))
-        .to_string_lossy()
-        .into_owned()
 }
 const DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
@@ -77,7 +73,8 @@ fn gemma3() -> Option<&'static Loaded> {
 }
 
 fn read_json(path: &str) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read test file {path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"))
 }
 

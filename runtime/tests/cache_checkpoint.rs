@@ -1,14 +1,16 @@
 //! Checkpoints: a round trip through a file gives the same next-token
-//! logits (in a fresh executor, too), and every damaged or foreign file is
-//! refused with its own error, leaving the target cache as it was.
+//! logits (in a fresh executor, too), and every damaged, foreign or
+//! inconsistent file (even one whose checksum was recomputed) is refused
+//! with its own error, leaving the target cache as it was.
 
 mod support;
 
+use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use support::{assert_err_contains, assert_same_bits, executor, tokens, Tiny, TinyConfig};
 use weft_runtime::cache::{
-    CacheConfig, CacheImage, ChunkPolicy, KvCache, ModelIdentity, CHECKPOINT_MAGIC,
-    CHECKPOINT_VERSION,
+    checkpoint_bound, CacheConfig, CacheImage, ChunkPolicy, KvCache, ModelIdentity,
+    CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
 };
 use weft_runtime::GraphExecutor;
 
@@ -201,12 +203,14 @@ fn foreign_files_are_refused_and_change_nothing() {
     );
     assert!(msg.contains("layers"), "{msg}");
     assert_eq!(other_layout.position(), 0);
-    // A shorter context that cannot hold the saved position.
+    // A shorter context that cannot hold the saved position: the file is
+    // larger than any checkpoint of that cache, refused before reading.
     let mut short = m.new_cache(exec, 16, CHUNK).unwrap();
     assert_err_contains(
         short.load_checkpoint(exec, &id, &r.good),
-        &["past the context length"],
+        &["more than the", "context 16"],
     );
+    assert_eq!(short.position(), 0);
     // A poisoned cache cannot be saved.
     let mut p = m.new_cache(exec, CONTEXT, CHUNK).unwrap();
     p.poison("test");
@@ -232,4 +236,207 @@ fn images_round_trip_in_memory() {
     let a = ModelIdentity::from_parts(&[b"ab", b"c"]);
     let b = ModelIdentity::from_parts(&[b"a", b"bc"]);
     assert_ne!(a, b, "parts are length-prefixed");
+}
+
+/// Offsets of the header fields (see the format table in `checkpoint.rs`).
+const ROW_TYPE: usize = 44;
+const POSITION: usize = 48;
+const LAYER_COUNT: usize = 52;
+const LAYER_TABLE: usize = 56;
+
+/// Offset of field `field` (0 width, 1 window, 2 first position) of `layer`.
+fn layer_field(layer: usize, field: usize) -> usize {
+    LAYER_TABLE + 12 * layer + 4 * field
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// The bytes with their trailing checksum recomputed: what a careless or
+/// hostile writer produces.
+fn resealed(mut b: Vec<u8>) -> Vec<u8> {
+    let body = b.len() - 32;
+    let digest: [u8; 32] = Sha256::digest(&b[..body]).into();
+    b[body..].copy_from_slice(&digest);
+    b
+}
+
+#[test]
+fn inconsistent_fields_with_a_valid_checksum_are_refused_and_change_nothing() {
+    let mut r = Refusals::new("inconsistent");
+    let id = r.id;
+    let layers = get_u32(&r.bytes, LAYER_COUNT) as usize;
+    assert_eq!(layers, 3);
+    let position = get_u32(&r.bytes, POSITION);
+    assert_eq!(position, 25);
+    let payload_at = LAYER_TABLE + 12 * layers;
+    // The untouched file, resealed, still loads: the edits below are what is refused.
+    let same = resealed(r.bytes.clone());
+    assert_eq!(same, r.bytes);
+
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        (
+            "f32 rows for an f16 cache",
+            resealed(r.edited(|b| put_u32(b, ROW_TYPE, 0))),
+            vec!["field `row type` is f32", "this cache holds f16"],
+        ),
+        (
+            "a quantized row type",
+            resealed(r.edited(|b| put_u32(b, ROW_TYPE, 8))),
+            vec!["field `row type` is 8"],
+        ),
+        (
+            "a position past the context",
+            resealed(r.edited(|b| put_u32(b, POSITION, CONTEXT + 1))),
+            vec!["field `position` is 65", "past the context length of 64"],
+        ),
+        (
+            "the largest position",
+            resealed(r.edited(|b| put_u32(b, POSITION, u32::MAX))),
+            vec!["field `position`"],
+        ),
+        (
+            "a wider layer",
+            resealed(r.edited(|b| put_u32(b, layer_field(0, 0), 33))),
+            vec!["layer 0: field `width` is 33", "holds 32"],
+        ),
+        (
+            "the widest layer",
+            resealed(r.edited(|b| put_u32(b, layer_field(2, 0), u32::MAX))),
+            vec!["layer 2: field `width` is 4294967295"],
+        ),
+        (
+            "a window removed",
+            resealed(r.edited(|b| put_u32(b, layer_field(1, 1), 0))),
+            vec!["layer 1: field `window` is 0", "has 6"],
+        ),
+        (
+            "a layer's first row past the position",
+            resealed(r.edited(|b| put_u32(b, layer_field(0, 2), position + 1))),
+            vec![
+                "layer 0: field `first position` is 26",
+                "past field `position` 25",
+            ],
+        ),
+        (
+            "a windowed layer starting too early",
+            resealed(r.edited(|b| put_u32(b, layer_field(1, 2), 0))),
+            vec!["layer 1: field `first position` is 0", "keeps rows from 20"],
+        ),
+        (
+            "a full layer starting late",
+            resealed(r.edited(|b| put_u32(b, layer_field(2, 2), 3))),
+            vec!["layer 2: field `first position` is 3", "keeps rows from 0"],
+        ),
+        (
+            "a huge layer count",
+            resealed(r.edited(|b| put_u32(b, LAYER_COUNT, u32::MAX))),
+            vec!["field `layer count` announces 4294967295"],
+        ),
+        (
+            "one layer fewer",
+            resealed(r.edited(|b| put_u32(b, LAYER_COUNT, 2))),
+            vec!["field `payload bytes`"],
+        ),
+        (
+            "a huge payload",
+            resealed(r.edited(|b| {
+                b[payload_at..payload_at + 8].copy_from_slice(&u64::MAX.to_le_bytes())
+            })),
+            vec!["truncated", "field `payload bytes` = 18446744073709551615"],
+        ),
+        (
+            "a payload longer than its layer table",
+            resealed(r.edited(|b| {
+                let p = u64::from_le_bytes(b[payload_at..payload_at + 8].try_into().unwrap());
+                b[payload_at..payload_at + 8].copy_from_slice(&(p + 2).to_le_bytes());
+                let at = b.len() - 32;
+                b.splice(at..at, [0u8, 0]);
+            })),
+            vec!["field `payload bytes` is", "the layer table needs"],
+        ),
+    ];
+    for (what, bytes, needles) in cases {
+        eprintln!("case: {what}");
+        r.refused(&bytes, &id, &needles);
+    }
+}
+
+#[test]
+fn parsing_without_a_cache_bounds_every_field_before_allocating() {
+    let r = Refusals::new("parse-bounds");
+    let id = r.id;
+    let parse = |b: &[u8]| CacheImage::from_checkpoint_bytes(b, &id);
+    // A width whose rows would need hundreds of gigabytes: refused by the
+    // payload size check, before any row is copied.
+    let wide = resealed(r.edited(|b| put_u32(b, layer_field(2, 0), u32::MAX)));
+    assert_err_contains(
+        parse(&wide),
+        &["field `payload bytes`", "layer table needs"],
+    );
+    let late = resealed(r.edited(|b| put_u32(b, layer_field(0, 2), 26)));
+    assert_err_contains(parse(&late), &["layer 0: field `first position` is 26"]);
+    let many = resealed(r.edited(|b| put_u32(b, LAYER_COUNT, u32::MAX)));
+    assert_err_contains(parse(&many), &["field `layer count`"]);
+    assert!(parse(&r.bytes).is_ok());
+}
+
+#[test]
+fn files_larger_than_the_cache_can_hold_are_refused_before_reading() {
+    let mut r = Refusals::new("oversized");
+    let id = r.id;
+    let bound = checkpoint_bound(r.target.config());
+    let mut big = r.bytes.clone();
+    big.resize(bound as usize + 1, 0);
+    r.refused(&big, &id, &["more than the", "can take"]);
+}
+
+#[test]
+fn the_bound_is_the_size_of_a_full_cache() {
+    let dir = scratch("bound");
+    let path = dir.join("full.weftkv");
+    let mut exec = executor();
+    let m = Tiny::new(&mut exec, TinyConfig::small()).unwrap();
+    let mut c = m.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
+    let prompt = tokens(CONTEXT as usize, 4, m.config.vocab);
+    m.prefill(&mut exec, &mut c, &prompt, &ChunkPolicy::single(CHUNK))
+        .unwrap();
+    let info = c
+        .save_checkpoint(&mut exec, &identity(&m.config), &path)
+        .unwrap();
+    assert_eq!(info.position, CONTEXT);
+    assert_eq!(info.file_bytes, checkpoint_bound(c.config()));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn saves_leave_no_temporary_files() {
+    let dir = scratch("temporaries");
+    let mut exec = executor();
+    let (m, cache) = filled(&mut exec);
+    let id = identity(&m.config);
+    let path = dir.join("seq.weftkv");
+    cache.save_checkpoint(&mut exec, &id, &path).unwrap();
+    cache.save_checkpoint(&mut exec, &id, &path).unwrap();
+    // A save that cannot rename (the target is a directory) fails, names
+    // the path and leaves nothing behind.
+    let taken = dir.join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("inside"), b"x").unwrap();
+    let msg = assert_err_contains(
+        cache.save_checkpoint(&mut exec, &id, &taken),
+        &["KV checkpoint", "rename", "taken"],
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["seq.weftkv", "taken"], "{msg}");
+    std::fs::remove_dir_all(dir).ok();
 }

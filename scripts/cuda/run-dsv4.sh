@@ -8,7 +8,7 @@
 # step ahead, then step by step).
 # Executables come from .device/ (cuda_dsv4_model: `cargo test --release
 # --features cuda --test cuda_dsv4 --no-run`, and weft), the fixtures from
-# .device/ref/dsv4_tiny. Logs go to $OUT.
+# tests/reference/dsv4_tiny. Logs go to $OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 DIR=${WEFT_DEVICE_DIR:-.device}

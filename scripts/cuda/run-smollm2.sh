@@ -3,9 +3,9 @@
 # greedy test against llama.cpp and the CPU, one generation, and `weft
 # bench` (JSON and a profile). Executables come from .device/ (built here:
 # `cargo build --release --features cuda`, `cargo test --release --features
-# cuda --test cuda_smollm2 --no-run`, stripped into .device/ with the
-# reference JSON in .device/ref/); the model from $WEFT_CACHE (joined there
-# beforehand when it had to travel in parts). Logs go to $OUT.
+# cuda --test cuda_smollm2 --no-run`, stripped into .device/), the
+# reference JSON from tests/reference/, the model from $WEFT_CACHE (joined
+# there beforehand when it had to travel in parts). Logs go to $OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 DIR=${WEFT_DEVICE_DIR:-.device}

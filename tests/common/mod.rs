@@ -2,29 +2,15 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+mod reference;
+
+pub use reference::{read_reference, read_reference_json, reference_dir};
 use weft::models::Model;
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
-/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the first
-/// `shared/reference` folder beside the workspace or one of its parents
-/// (the checkout sits next to `shared/`).
-pub fn reference_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
-        return PathBuf::from(dir);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    root.ancestors()
-        .map(|a| a.join("shared/reference"))
-        .find(|p| p.is_dir())
-        .unwrap_or_else(|| root.join("../shared/reference"))
-}
-
+/// Reference file `name` (under [`reference_dir`]) as JSON.
 pub fn reference_json(name: &str) -> serde_json::Value {
-    let path = reference_dir().join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_json::from_str(&text).expect("reference json")
+    read_reference_json(&reference_dir().join(name))
 }
 
 /// Each case of reference file `name` as (prompt ids, greedy ids).
@@ -43,9 +29,7 @@ pub fn reference_greedy_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
 /// The full last-position logits of reference case `i`.
 pub fn reference_logits(i: usize) -> Vec<f32> {
     let path = reference_dir().join(format!("smollm2_logits/logits_last_p{i}.f32"));
-    let bytes =
-        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    bytes
+    read_reference(&path)
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()

@@ -1,8 +1,11 @@
 //! Shared set-up of the DeepSeek-V4 tests: the tiny fixtures of
-//! `../shared/reference/dsv4_tiny/` (GGUF, reference.json, logits files)
+//! `tests/reference/dsv4_tiny/` (GGUF, reference.json, logits files)
 //! and comparison helpers.
 
 #![allow(dead_code)]
+
+#[path = "../common/reference.rs"]
+mod reference;
 
 use std::path::PathBuf;
 
@@ -26,26 +29,16 @@ pub const CASES: [(&str, &str); 4] = [
     ("flash-tiny", "_p375"),
 ];
 
-/// `$WEFT_REFERENCE_DIR/dsv4_tiny`, else the first `shared/reference/dsv4_tiny`
-/// beside the workspace or one of its parents.
+/// `dsv4_tiny` of the reference folder (`$WEFT_REFERENCE_DIR`, else the
+/// repository's `tests/reference`).
 pub fn fixture_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
-        return PathBuf::from(dir).join("dsv4_tiny");
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    root.ancestors()
-        .map(|a| a.join("shared/reference/dsv4_tiny"))
-        .find(|p| p.is_dir())
-        .unwrap_or_else(|| root.join("../shared/reference/dsv4_tiny"))
+    reference::reference_dir().join("dsv4_tiny")
 }
 
 impl Fixture {
     pub fn load(config: &'static str, tag: &'static str) -> Fixture {
         let dir = fixture_root().join(config);
-        let path = dir.join(format!("reference{tag}.json"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        let json: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+        let json = reference::read_reference_json(&dir.join(format!("reference{tag}.json")));
         let prompt = serde_json::from_value(json["prompt"]["token_ids"].clone()).expect("prompt");
         let vocab = json["config"]["vocab"].as_u64().expect("vocab") as usize;
         Fixture {
@@ -66,15 +59,20 @@ impl Fixture {
         format!("{}{}", self.config, self.tag)
     }
 
+    /// The fixture's GGUF (its absence fails the test, naming the path).
     pub fn gguf(&self) -> PathBuf {
-        self.dir.join("model.gguf")
+        let path = self.dir.join("model.gguf");
+        assert!(
+            path.is_file(),
+            "reference file {} is missing",
+            path.display()
+        );
+        path
     }
 
     fn f32_file(&self, stem: &str) -> Vec<f32> {
         let path = self.dir.join(format!("{stem}{}.f32", self.tag));
-        let bytes =
-            std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        bytes
+        reference::read_reference(&path)
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect()

@@ -8,28 +8,38 @@
 //! offset  size  field
 //! 0       8     magic  b"WEFT-KV\0"
 //! 8       4     format version (1)
-//! 12      32    model identity (caller-provided: a hash of the weights' identity and config)
+//! 12      32    model identity (caller-provided; weft-models derives it from the GGUF and the cache layout)
 //! 44      4     row type (GGUF type id: 0 = f32, 1 = f16)
 //! 48      4     position (tokens in the cache)
 //! 52      4     layer count L
-//! 56      12*L  per layer: width, window (0: none), first saved position
+//! 56      12*L  per layer: width, window (0: none), first position saved
 //! ..      8     payload bytes P
 //! ..      P     per layer: K rows, then V rows, in position order
 //! ..      32    SHA-256 of every byte before it
 //! ```
 //!
-//! Loading reads and checks the whole file before touching the cache:
-//! truncation, magic, version, checksum, model identity and layout are each
-//! refused with their own error, and a refused file leaves the cache as it
-//! was. Saving writes a temporary file beside the target and renames it,
-//! so a crash never leaves a half-written checkpoint under the real name.
+//! A layer's first saved position is fixed by its window and the position
+//! (every row a later query can see, nothing older), so each layer holds
+//! exactly `position - first` rows of K and of V.
+//!
+//! Loading never trusts a field before checking it. It reads at most the
+//! bytes a checkpoint of the target cache can take, then checks, in order:
+//! magic, version, the layer table against the bytes present, the announced
+//! length, the checksum, the model identity, every header field against the
+//! target cache (row type, position, layer count, each layer's width and
+//! window) and against each other (each layer's first position, the payload
+//! size), and only then copies rows. Each refusal names the field, and a
+//! refused file leaves the cache as it was. A checksum proves only that the
+//! bytes are the ones written, not that the writer was honest, hence the
+//! field checks. Saving is atomic (`checkpoint_file.rs`): a crash or a
+//! concurrent save never leaves a half-written checkpoint under the name.
 
-use super::config::LayerSpec;
+use super::checkpoint_file::{read_bounded, write_atomically, Bounded};
+use super::config::{CacheConfig, LayerSpec};
 use super::image::{CacheImage, LayerRows};
 use super::kv::KvCache;
 use crate::{GraphExecutor, RuntimeError};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::Path;
 use weft_ops::DType;
 
@@ -114,11 +124,74 @@ impl CacheImage {
     }
 
     /// Parses checkpoint bytes written for the model `identity`. Checks, in
-    /// order: length, magic, version, checksum, identity, then the layout.
+    /// order: magic, version, length, checksum, identity, then the fields
+    /// against each other; rows are copied only after all of them pass.
     pub fn from_checkpoint_bytes(
         bytes: &[u8],
         identity: &ModelIdentity,
     ) -> Result<CacheImage, RuntimeError> {
+        let header = Header::verified(bytes, identity)?;
+        let sizes = header.check_rows()?;
+        header.into_image(bytes, &sizes)
+    }
+}
+
+/// Most bytes a checkpoint of a cache of `config` can take: the header,
+/// every row each layer can hold (the whole context, or `window - 1`
+/// positions of a windowed layer), the checksum.
+pub fn checkpoint_bound(config: &CacheConfig) -> u64 {
+    let layers = config.layers.len() as u64;
+    let rows = config.layers.iter().fold(0u64, |sum, l| {
+        let kept = match l.window {
+            Some(w) => (w.saturating_sub(1)).min(config.context),
+            None => config.context,
+        };
+        let bytes = (kept as u64).saturating_mul(2 * config.row_bytes(l));
+        sum.saturating_add(bytes)
+    });
+    (FIXED_HEADER as u64 + 8 + CHECKSUM as u64)
+        .saturating_add(layers.saturating_mul(LAYER_HEADER as u64))
+        .saturating_add(rows)
+}
+
+/// The first position a layer with `window` keeps at `position` (what
+/// [`super::LayerCache::needed_from`] computes for a live cache).
+fn first_kept(window: Option<u32>, position: u32) -> u32 {
+    window.map_or(0, |w| {
+        position.saturating_add(1).saturating_sub(w).min(position)
+    })
+}
+
+/// One entry of the layer table, as written.
+struct FileLayer {
+    width: u32,
+    /// 0: no window.
+    window: u32,
+    first: u32,
+}
+
+impl FileLayer {
+    fn window(&self) -> Option<u32> {
+        Some(self.window).filter(|&w| w > 0)
+    }
+}
+
+/// The header fields after the version, read but not yet trusted.
+struct Header {
+    identity: ModelIdentity,
+    dtype: DType,
+    position: u32,
+    layers: Vec<FileLayer>,
+    payload: u64,
+    /// Offset of the first row byte.
+    rows_at: usize,
+}
+
+impl Header {
+    /// Reads the header and checks what needs no cache: magic, version,
+    /// row type, the layer table against the bytes present, the announced
+    /// length, the checksum and the model identity.
+    fn verified(bytes: &[u8], identity: &ModelIdentity) -> Result<Header, RuntimeError> {
         let mut r = Reader { bytes, at: 0 };
         let magic = r.take(8)?;
         if magic != CHECKPOINT_MAGIC {
@@ -133,17 +206,22 @@ impl CacheImage {
             )));
         }
         let header = Header::read(&mut r)?;
-        let total = r.at as u64 + header.payload + CHECKSUM as u64;
+        let total = (header.rows_at as u64)
+            .saturating_add(header.payload)
+            .saturating_add(CHECKSUM as u64);
         if (bytes.len() as u64) < total {
             return Err(refuse(format!(
-                "the file is truncated: {} bytes, the header announces {total}",
-                bytes.len()
+                "the file is truncated: {} bytes, the header (field `payload bytes` = {}) announces {total}",
+                bytes.len(),
+                header.payload
             )));
         }
         if bytes.len() as u64 > total {
             return Err(refuse(format!(
-                "{} unexpected bytes after the checksum (the header announces {total}); the file is corrupt",
-                bytes.len() as u64 - total
+                "{} unexpected bytes after the checksum (the header, field `payload bytes` = {}, \
+                 announces {total}); the file is corrupt",
+                bytes.len() as u64 - total,
+                header.payload
             )));
         }
         let body = bytes.len() - CHECKSUM;
@@ -160,41 +238,36 @@ impl CacheImage {
                 identity.short()
             )));
         }
-        header.into_image(&mut r)
+        Ok(header)
     }
-}
 
-/// The header fields after the version.
-struct Header {
-    identity: ModelIdentity,
-    dtype: DType,
-    position: u32,
-    layers: Vec<(LayerSpec, u32)>,
-    payload: u64,
-}
-
-impl Header {
     fn read(r: &mut Reader<'_>) -> Result<Header, RuntimeError> {
         let mut identity = [0u8; 32];
         identity.copy_from_slice(r.take(32)?);
         let type_id = r.u32()?;
         let dtype = DType::from_ggml_id(type_id)
             .filter(|t| matches!(t, DType::F16 | DType::F32))
-            .ok_or_else(|| refuse(format!("row type id {type_id} is not f32 (0) or f16 (1)")))?;
+            .ok_or_else(|| {
+                refuse(format!(
+                    "field `row type` is {type_id}; a checkpoint holds f32 (0) or f16 (1) rows"
+                ))
+            })?;
         let position = r.u32()?;
         let count = r.u32()? as usize;
+        // Bounded by the bytes present before anything is allocated for it.
         if count > r.remaining() / LAYER_HEADER {
             return Err(refuse(format!(
-                "the file is truncated: {count} layers announced, {} bytes left",
+                "the file is truncated: field `layer count` announces {count} layers, {} bytes are left",
                 r.remaining()
             )));
         }
         let mut layers = Vec::with_capacity(count);
         for _ in 0..count {
-            let width = r.u32()? as usize;
-            let window = Some(r.u32()?).filter(|&w| w > 0);
-            let first = r.u32()?;
-            layers.push((LayerSpec { width, window }, first));
+            layers.push(FileLayer {
+                width: r.u32()?,
+                window: r.u32()?,
+                first: r.u32()?,
+            });
         }
         let payload = r.u64()?;
         Ok(Header {
@@ -203,27 +276,125 @@ impl Header {
             position,
             layers,
             payload,
+            rows_at: r.at,
         })
     }
 
-    /// Splits the (checksummed) payload into layer rows.
-    fn into_image(self, r: &mut Reader<'_>) -> Result<CacheImage, RuntimeError> {
+    /// Checks the fields against the cache they are loaded into: row type,
+    /// position, layer count, each layer's width and window.
+    fn check_fits(&self, config: &CacheConfig) -> Result<(), RuntimeError> {
+        let misfit = |why: String| {
+            Err(refuse(format!(
+                "the saved sequence does not fit this cache: {why}; \
+                 load it into a cache built with the same model and layout"
+            )))
+        };
+        if self.dtype != config.dtype {
+            return misfit(format!(
+                "field `row type` is {}, this cache holds {} rows",
+                self.dtype, config.dtype
+            ));
+        }
+        if self.position > config.context {
+            return misfit(format!(
+                "field `position` is {}, past the context length of {}",
+                self.position, config.context
+            ));
+        }
+        if self.layers.len() != config.layers.len() {
+            return misfit(format!(
+                "field `layer count` is {}, this cache has {} layers",
+                self.layers.len(),
+                config.layers.len()
+            ));
+        }
+        for (i, (file, spec)) in self.layers.iter().zip(&config.layers).enumerate() {
+            if file.width as usize != spec.width {
+                return misfit(format!(
+                    "layer {i}: field `width` is {}, this cache's layer holds {} values per row",
+                    file.width, spec.width
+                ));
+            }
+            if file.window() != spec.window {
+                return misfit(format!(
+                    "layer {i}: field `window` is {} (0: none), this cache's layer has {}",
+                    file.window,
+                    spec.window.unwrap_or(0)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the fields against each other: each layer's first position
+    /// against its window and the position, and the payload size against
+    /// the layer table. Returns each layer's bytes of K (and of V).
+    fn check_rows(&self) -> Result<Vec<usize>, RuntimeError> {
+        let mut sizes = Vec::with_capacity(self.layers.len());
+        let mut total = 0u64;
+        for (i, layer) in self.layers.iter().enumerate() {
+            if layer.width == 0 {
+                return Err(refuse(format!("layer {i}: field `width` is 0")));
+            }
+            if layer.first > self.position {
+                return Err(refuse(format!(
+                    "layer {i}: field `first position` is {}, past field `position` {}",
+                    layer.first, self.position
+                )));
+            }
+            let expected = first_kept(layer.window(), self.position);
+            if layer.first != expected {
+                return Err(refuse(format!(
+                    "layer {i}: field `first position` is {}, but a layer with window {} (0: none) \
+                     at position {} keeps rows from {expected}",
+                    layer.first, layer.window, self.position
+                )));
+            }
+            let row = self.dtype.row_bytes(layer.width as usize).unwrap_or(0) as u64;
+            let bytes = row.checked_mul((self.position - layer.first) as u64);
+            let both = bytes.and_then(|b| b.checked_mul(2));
+            let (Some(bytes), Some(sum)) = (bytes, both.and_then(|b| total.checked_add(b))) else {
+                return Err(refuse(format!(
+                    "layer {i}: field `width` {} at position {} overflows the payload",
+                    layer.width, self.position
+                )));
+            };
+            // At most the payload, which the file length bounds.
+            total = sum;
+            sizes.push(
+                usize::try_from(bytes)
+                    .map_err(|_| refuse(format!("layer {i} is too large for this machine")))?,
+            );
+        }
+        if total != self.payload {
+            return Err(refuse(format!(
+                "field `payload bytes` is {}, the layer table needs {total}; the file is corrupt",
+                self.payload
+            )));
+        }
+        Ok(sizes)
+    }
+
+    /// Copies the (checked) rows: `sizes[i]` bytes of K and of V per layer.
+    fn into_image(self, bytes: &[u8], sizes: &[usize]) -> Result<CacheImage, RuntimeError> {
+        let mut r = Reader {
+            bytes,
+            at: self.rows_at,
+        };
         let mut layout = Vec::with_capacity(self.layers.len());
         let mut rows = Vec::with_capacity(self.layers.len());
-        for (i, (spec, first)) in self.layers.into_iter().enumerate() {
-            let row = self.dtype.row_bytes(spec.width).unwrap_or(0) as u64;
-            let count = self.position.checked_sub(first).ok_or_else(|| {
-                refuse(format!(
-                    "layer {i} starts at position {first}, past the position {}",
-                    self.position
-                ))
-            })?;
-            let len = usize::try_from(count as u64 * row)
-                .map_err(|_| refuse(format!("layer {i} is too large for this machine")))?;
+        for (layer, &len) in self.layers.iter().zip(sizes) {
             let k = r.take(len)?.to_vec();
             let v = r.take(len)?.to_vec();
-            layout.push(spec);
-            rows.push(LayerRows { first, k, v });
+            layout.push(LayerSpec {
+                width: layer.width as usize,
+                window: layer.window(),
+            });
+            rows.push(LayerRows {
+                first: layer.first,
+                k,
+                v,
+            });
         }
         if r.remaining() != CHECKSUM {
             return Err(refuse(format!(
@@ -280,8 +451,8 @@ impl<'a> Reader<'a> {
 }
 
 impl KvCache {
-    /// Saves the cache's sequence to `path` for the model `identity`.
-    /// Refused on a poisoned cache.
+    /// Saves the cache's sequence to `path` for the model `identity`,
+    /// atomically. Refused on a poisoned cache.
     pub fn save_checkpoint(
         &self,
         exec: &mut GraphExecutor,
@@ -289,16 +460,7 @@ impl KvCache {
         path: &Path,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let bytes = self.export(exec)?.to_checkpoint_bytes(identity);
-        let io = |what: &str, e: std::io::Error| {
-            refuse(format!("cannot {what} {}: {e}", path.display()))
-        };
-        let mut tmp_name = path.as_os_str().to_owned();
-        tmp_name.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp_name);
-        let mut file = std::fs::File::create(&tmp).map_err(|e| io("create", e))?;
-        file.write_all(&bytes).map_err(|e| io("write", e))?;
-        file.sync_all().map_err(|e| io("sync", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io("rename the temporary file to", e))?;
+        write_atomically(path, &bytes).map_err(|e| refuse(e.to_string()))?;
         Ok(CheckpointInfo {
             position: self.position,
             file_bytes: bytes.len() as u64,
@@ -314,12 +476,29 @@ impl KvCache {
         identity: &ModelIdentity,
         path: &Path,
     ) -> Result<CheckpointInfo, RuntimeError> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| refuse(format!("cannot read {}: {e}", path.display())))?;
-        let image = CacheImage::from_checkpoint_bytes(&bytes, identity).map_err(|e| match e {
+        let in_file = |e: RuntimeError| match e {
             RuntimeError::Usage(m) => RuntimeError::Usage(format!("{m} (file {})", path.display())),
             other => other,
-        })?;
+        };
+        let limit = checkpoint_bound(&self.config);
+        let bytes = match read_bounded(path, limit).map_err(|e| refuse(e.to_string()))? {
+            Bounded::Bytes(bytes) => bytes,
+            Bounded::TooLarge(len) => {
+                return Err(in_file(refuse(format!(
+                    "the file holds {len} bytes, more than the {limit} a checkpoint of this cache \
+                     ({} layers, context {}) can take; it was saved from another cache or is corrupt",
+                    self.config.layers.len(),
+                    self.config.context
+                ))))
+            }
+        };
+        let image = Header::verified(&bytes, identity)
+            .and_then(|header| {
+                header.check_fits(&self.config)?;
+                let sizes = header.check_rows()?;
+                header.into_image(&bytes, &sizes)
+            })
+            .map_err(in_file)?;
         self.import(exec, &image)?;
         Ok(CheckpointInfo {
             position: image.position,

@@ -15,12 +15,14 @@
 //! cache, plan/publish/poison, step tickets), `span.rs`, `chunking.rs`,
 //! `transaction.rs`, `cohort.rs`, `lineage.rs` (which rows a snapshot can
 //! rely on), `image.rs` (host copies of rows by position), `snapshot.rs`,
-//! `sequences.rs` (swap in/out), `checkpoint.rs` (files).
+//! `sequences.rs` (swap in/out), `checkpoint.rs` (the file format, checked
+//! field by field), `checkpoint_file.rs` (atomic writes, bounded reads).
 //!
 //! Model-agnostic: a layer is K and V rows of some width, optionally a ring
 //! of `window + max_chunk` rows for sliding-window attention.
 
 mod checkpoint;
+mod checkpoint_file;
 mod chunking;
 mod cohort;
 mod config;
@@ -32,7 +34,9 @@ mod snapshot;
 mod span;
 mod transaction;
 
-pub use checkpoint::{CheckpointInfo, ModelIdentity, CHECKPOINT_MAGIC, CHECKPOINT_VERSION};
+pub use checkpoint::{
+    checkpoint_bound, CheckpointInfo, ModelIdentity, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
+};
 pub use chunking::{ChunkPolicy, LARGE_WEIGHTS_BYTES};
 pub use cohort::{Cohort, CohortSpan, CohortTickets};
 pub use config::{CacheConfig, LayerMemory, LayerSpec, MemoryReport};
