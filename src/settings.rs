@@ -7,6 +7,7 @@
 //! silently.
 
 use std::ffi::OsString;
+use weft_runtime::Numerics;
 
 /// Knobs that can come from the environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +24,8 @@ pub struct Settings {
     pub graph_diag: Option<bool>,
     /// `WEFT_FUSE`: 0 turns the fusion pass off.
     pub fuse: Option<bool>,
+    /// `WEFT_NUMERICS`: exact or fast.
+    pub numerics: Option<Numerics>,
 }
 
 /// A malformed setting.
@@ -61,6 +64,7 @@ impl Settings {
             )?,
             graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
             fuse: flag(&get, "WEFT_FUSE")?,
+            numerics: numerics(&get)?,
         })
     }
 
@@ -73,6 +77,7 @@ impl Settings {
             prefill_windows: over.prefill_windows.or(self.prefill_windows),
             graph_diag: over.graph_diag.or(self.graph_diag),
             fuse: over.fuse.or(self.fuse),
+            numerics: over.numerics.or(self.numerics),
         }
     }
 }
@@ -108,6 +113,18 @@ fn flag(
         Some(other) => Err(SettingsError {
             var,
             value: other.to_string(),
+            accepts,
+        }),
+    }
+}
+
+fn numerics(get: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Numerics>, SettingsError> {
+    let (var, accepts) = ("WEFT_NUMERICS", "exact or fast");
+    match text(get, var, accepts)? {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| SettingsError {
+            var,
+            value: v,
             accepts,
         }),
     }
@@ -177,6 +194,7 @@ mod tests {
             ("WEFT_LAYERS_PER_CB", "many", "1 to 4096"),
             ("WEFT_PREFILL_WINDOWS", "99999", "1 to 4096"),
             ("WEFT_GRAPH_DIAG", "", "0 or 1"),
+            ("WEFT_NUMERICS", "quick", "exact or fast"),
         ] {
             let e = Settings::from_vars(vars(&[(var, value)]))
                 .unwrap_err()
