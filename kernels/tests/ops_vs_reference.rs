@@ -906,13 +906,14 @@ fn run_cpu_fast(node: &OpNode, mem: &HostMemory, threads: usize) -> HostMemory {
     out
 }
 
-/// Fast decode attention (cells split into chunks, combined by
-/// log-sum-exp) against the f64 reference, at lengths from one chunk to
-/// many, with windows, rings and soft-caps: within 1e-4 relative (floor
-/// 1e-2) for f32 and f16 caches alike, since it computes in f32 from the
-/// cached values; the same bits whatever the thread count and item order.
+/// Fast attention against the f64 reference: decode (cells split into
+/// chunks, combined by log-sum-exp) at lengths from one chunk to many, and
+/// prefill (blocks of 64 rows, a KV head's query heads together), with
+/// windows, rings and soft-caps: within 1e-4 relative (floor 1e-2) for f32
+/// and f16 caches alike, since both compute in f32 from the cached values;
+/// the same bits whatever the thread count and item order.
 #[test]
-fn fast_decode_attention_matches_reference() {
+fn fast_attention_matches_reference() {
     let mut rng = Rng(41);
     for kv_dtype in [DType::F32, DType::F16] {
         for (n, q_position, window, ring, softcap) in [
@@ -923,6 +924,12 @@ fn fast_decode_attention_matches_reference() {
             (1, 1100, Some(300), None, 0.0),
             (3, 900, Some(128), Some(256), 0.0),
             (4, 2500, None, None, 30.0),
+            (5, 0, None, None, 0.0),
+            (64, 0, None, None, 0.0),
+            (100, 37, None, None, 0.0),
+            (300, 200, Some(96), None, 0.0),
+            (130, 400, Some(128), Some(256), 0.0),
+            (200, 1000, None, None, 50.0),
         ] {
             let mut mem = HostMemory::default();
             let (heads, kv_heads, d) = (6, 2, 64);

@@ -96,6 +96,8 @@ pub struct WorkSplit {
     /// of the cache) leave their partial results for the last one to
     /// combine; one per prepared node.
     partials: Option<Arc<fast::attention::Partials>>,
+    /// The pieces run the op's fast-numerics kernel.
+    fast: bool,
 }
 
 impl WorkSplit {
@@ -106,13 +108,20 @@ impl WorkSplit {
             per_item,
             total,
             partials: None,
+            fast: false,
         }
+    }
+
+    /// This split, marked as a fast-numerics kernel's.
+    fn in_fast_numerics(self) -> Self {
+        Self { fast: true, ..self }
     }
 
     /// `items` single-unit pieces whose results `partials` combines.
     fn with_partials(items: usize, partials: Arc<fast::attention::Partials>) -> Self {
         Self {
             partials: Some(partials),
+            fast: true,
             ..Self::new(items, 1)
         }
     }
@@ -171,6 +180,9 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
             let q_rows = node.inputs[0].rows();
             if fast::attention::applies(q_rows, p) {
                 return fast::attention::split(q_rows, node.inputs[1].rows(), p);
+            }
+            if p.kv_heads > 0 && p.heads.is_multiple_of(p.kv_heads) {
+                return fast::attention_prefill::split(q_rows, p).in_fast_numerics();
             }
         }
     }
@@ -273,11 +285,15 @@ pub unsafe fn run_item(
             softmax::softmax(&ins[0], out, *scale, units);
             Ok(())
         }
-        Op::Attention(p) => match &split.partials {
-            Some(parts) => {
+        Op::Attention(p) => match (&split.partials, split.fast) {
+            (Some(parts), _) => {
                 fast::attention::attention(&ins[0], &ins[1], &ins[2], out, p, parts, units)
             }
-            None => attention::attention(&ins[0], &ins[1], &ins[2], out, p, units),
+            (None, true) => {
+                fast::attention_prefill::attention(&ins[0], &ins[1], &ins[2], out, p, units);
+                Ok(())
+            }
+            (None, false) => attention::attention(&ins[0], &ins[1], &ins[2], out, p, units),
         },
         Op::SetRows { start, ring } => rows::set_rows(&ins[0], out, *start, *ring, units),
         Op::Argmax => {

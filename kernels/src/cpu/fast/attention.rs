@@ -273,14 +273,11 @@ unsafe fn axpy(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, w: f32, a
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::super::quant::Isa;
     use half::f16;
     use std::arch::x86_64::*;
 
-    /// True when the AVX-512 paths run (decided once per process).
     pub(super) fn available() -> bool {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX512.get_or_init(|| matches!(Isa::detect(), Ok(Isa::Avx512)))
+        super::super::avx512()
     }
 
     /// `sum(f32(k[i]) * q[i])` over `d` (a multiple of 16) elements.
