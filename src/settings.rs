@@ -7,6 +7,7 @@
 //! silently.
 
 use std::ffi::OsString;
+use weft_kernels::cpu::quant::{Isa, ISA_ENV};
 use weft_runtime::Numerics;
 
 /// Knobs that can come from the environment.
@@ -34,7 +35,126 @@ pub struct Settings {
 pub struct SettingsError {
     pub var: &'static str,
     pub value: String,
-    pub accepts: &'static str,
+    pub accepts: std::borrow::Cow<'static, str>,
+}
+
+/// How a variable outside [`Settings`] is checked.
+enum Rule {
+    /// One of these strings, exactly (the reader does not trim).
+    Exact(&'static [&'static str]),
+    /// One of these strings after trimming white space.
+    Trimmed(&'static [&'static str]),
+    /// An integer in the range, after trimming white space.
+    Range(u64, u64),
+    /// A non-empty path.
+    Path,
+}
+
+/// The variables read outside [`Settings`], with what their readers
+/// accept: the model fetch and the CUDA backend (checked by name and value
+/// whatever the build, so a CPU-only run refuses a bad value too).
+const OTHER_VARS: &[(&str, Rule, &str)] = &[
+    ("WEFT_CACHE", Rule::Path, "a non-empty folder path"),
+    (
+        "WEFT_PYTHON",
+        Rule::Path,
+        "a non-empty path to a Python 3 interpreter",
+    ),
+    ("WEFT_CUDA_GRAPHS", Rule::Trimmed(&["0", "1"]), "0 or 1"),
+    ("WEFT_CUDA_GROUP", Rule::Trimmed(&["0", "1"]), "0 or 1"),
+    (
+        "WEFT_CUDA_STREAMS",
+        Rule::Range(1, 4),
+        "an integer from 1 to 4",
+    ),
+    ("WEFT_CUDA_PTX_CACHE", Rule::Path, "a non-empty folder path"),
+    (
+        "WEFT_CUDA_F64_SUM",
+        Rule::Exact(&["auto", "bounded", "sequential", "parallel"]),
+        "one of auto, bounded, sequential, parallel",
+    ),
+    (
+        "WEFT_CUDA_MATVEC_ROWS",
+        Rule::Exact(&["staged", "direct"]),
+        "staged or direct",
+    ),
+    (
+        "WEFT_CUDA_MATVEC_BLOCK_ROWS",
+        Rule::Exact(&["8", "16", "32"]),
+        "8, 16 or 32",
+    ),
+    (
+        "WEFT_CUDA_PROJ_ATTENTION",
+        Rule::Exact(&["0", "1"]),
+        "0 or 1",
+    ),
+    (
+        "WEFT_CUDA_ATTN_STAGING",
+        Rule::Exact(&["auto", "direct"]),
+        "auto or direct",
+    ),
+    ("WEFT_CUDA_PDL", Rule::Exact(&["0", "1"]), "0 or 1"),
+    (
+        "WEFT_CUDA_ROPE_POSITIONS",
+        Rule::Range(1, u32::MAX as u64),
+        "a positive integer (positions per rope table)",
+    ),
+];
+
+/// Checks every `WEFT_*` variable a user can set, in the process
+/// environment: [`Settings`], `WEFT_CPU_ISA` (also against this CPU), the
+/// model fetch's and the CUDA backend's. The command line calls this at
+/// start-up, before any work.
+pub fn check_environment() -> Result<Settings, SettingsError> {
+    check_vars(|k| std::env::var_os(k))
+}
+
+/// [`check_environment`] reading variables through `get`.
+pub fn check_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<Settings, SettingsError> {
+    let settings = Settings::from_vars(&get)?;
+    let isa = "scalar, avx2 or avx512";
+    if let Some(value) = text(&get, ISA_ENV, isa)? {
+        let accepts = match Isa::parse(&value) {
+            Err(_) => Some(isa.into()),
+            Ok(wanted) if !wanted.is_supported() => Some(
+                format!(
+                    "{isa}, and this CPU supports at most {}",
+                    Isa::best_supported().name()
+                )
+                .into(),
+            ),
+            Ok(_) => None,
+        };
+        if let Some(accepts) = accepts {
+            return Err(SettingsError {
+                var: ISA_ENV,
+                value,
+                accepts,
+            });
+        }
+    }
+    for (var, rule, accepts) in OTHER_VARS {
+        let Some(value) = text(&get, var, accepts)? else {
+            continue;
+        };
+        let ok = match rule {
+            Rule::Exact(names) => names.contains(&value.as_str()),
+            Rule::Trimmed(names) => names.contains(&value.trim()),
+            Rule::Range(min, max) => value
+                .trim()
+                .parse::<u64>()
+                .is_ok_and(|n| (*min..=*max).contains(&n)),
+            Rule::Path => !value.trim().is_empty(),
+        };
+        if !ok {
+            return Err(SettingsError {
+                var,
+                value,
+                accepts: (*accepts).into(),
+            });
+        }
+    }
+    Ok(settings)
 }
 
 impl Settings {
@@ -92,11 +212,7 @@ fn text(
         Some(v) => v.into_string().map(Some).map_err(|raw| SettingsError {
             var,
             value: raw.to_string_lossy().into_owned(),
-            accepts: if accepts.is_empty() {
-                "valid UTF-8"
-            } else {
-                accepts
-            },
+            accepts: format!("{accepts} (valid UTF-8)").into(),
         }),
     }
 }
@@ -113,7 +229,7 @@ fn flag(
         Some(other) => Err(SettingsError {
             var,
             value: other.to_string(),
-            accepts,
+            accepts: accepts.into(),
         }),
     }
 }
@@ -125,7 +241,7 @@ fn numerics(get: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Numerics>,
         Some(v) => v.parse().map(Some).map_err(|_| SettingsError {
             var,
             value: v,
-            accepts,
+            accepts: accepts.into(),
         }),
     }
 }
@@ -143,7 +259,7 @@ fn number<T: TryFrom<u64>>(
     let bad = || SettingsError {
         var,
         value: raw.clone(),
-        accepts,
+        accepts: accepts.into(),
     };
     let n: u64 = raw.trim().parse().map_err(|_| bad())?;
     if !(min..=max).contains(&n) {
@@ -200,6 +316,40 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(var) && e.contains(accepts), "{e}");
+        }
+    }
+
+    #[test]
+    fn other_variables_are_checked_by_name_and_value() {
+        for (var, value) in [
+            ("WEFT_CPU_ISA", "sse9"),
+            ("WEFT_CPU_ISA", ""),
+            ("WEFT_PYTHON", ""),
+            ("WEFT_PYTHON", "  "),
+            ("WEFT_CACHE", ""),
+            ("WEFT_CUDA_GRAPHS", "2"),
+            ("WEFT_CUDA_STREAMS", "5"),
+            ("WEFT_CUDA_STREAMS", "0"),
+            ("WEFT_CUDA_F64_SUM", "fast"),
+            ("WEFT_CUDA_F64_SUM", " auto"),
+            ("WEFT_CUDA_MATVEC_BLOCK_ROWS", "12"),
+            ("WEFT_CUDA_PDL", "yes"),
+            ("WEFT_CUDA_PTX_CACHE", ""),
+            ("WEFT_CUDA_ROPE_POSITIONS", "0"),
+        ] {
+            let e = check_vars(vars(&[(var, value)])).unwrap_err().to_string();
+            assert!(e.contains(var), "{var}={value:?}: {e}");
+        }
+        for (var, value) in [
+            ("WEFT_CPU_ISA", "scalar"),
+            ("WEFT_PYTHON", "/usr/bin/python3"),
+            ("WEFT_CUDA_GRAPHS", " 0 "),
+            ("WEFT_CUDA_STREAMS", "4"),
+            ("WEFT_CUDA_F64_SUM", "parallel"),
+            ("WEFT_CUDA_MATVEC_BLOCK_ROWS", "32"),
+            ("WEFT_CUDA_ROPE_POSITIONS", "8192"),
+        ] {
+            assert!(check_vars(vars(&[(var, value)])).is_ok(), "{var}={value:?}");
         }
     }
 

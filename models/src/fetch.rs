@@ -92,6 +92,12 @@ pub enum FetchError {
     )]
     BadEnv { var: &'static str, reason: String },
 
+    #[error(
+        "[fetch] environment variable WEFT_PYTHON {reason}; set it to the path of a Python 3 \
+         interpreter, or unset it to try python3, then python"
+    )]
+    BadPython { reason: String },
+
     #[error("[fetch] no cache directory: set WEFT_CACHE (or XDG_CACHE_HOME, or HOME)")]
     NoCacheDir,
 
@@ -569,10 +575,7 @@ pub fn pip_download(
     dest: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, FetchError> {
-    let candidates: Vec<String> = match std::env::var(PYTHON_ENV) {
-        Ok(p) if !p.trim().is_empty() => vec![p],
-        _ => vec!["python3".into(), "python".into()],
-    };
+    let candidates = python_candidates(|name| std::env::var_os(name))?;
     for python in &candidates {
         let output = Command::new(python)
             .args([
@@ -615,6 +618,25 @@ pub fn pip_download(
     })
 }
 
+/// The interpreters to try: `$WEFT_PYTHON` alone when set, else `python3`
+/// then `python`. A set `WEFT_PYTHON` that is empty or not valid UTF-8 is
+/// an error, not a fall-back.
+pub fn python_candidates(
+    var: impl Fn(&str) -> Option<OsString>,
+) -> Result<Vec<String>, FetchError> {
+    let Some(value) = var(PYTHON_ENV) else {
+        return Ok(vec!["python3".into(), "python".into()]);
+    };
+    let bad = |reason: &str| FetchError::BadPython {
+        reason: reason.into(),
+    };
+    let text = value.into_string().map_err(|_| bad("is not valid UTF-8"))?;
+    if text.trim().is_empty() {
+        return Err(bad("is set but empty"));
+    }
+    Ok(vec![text])
+}
+
 /// The single `.whl` in `dir`.
 fn find_wheel(wheel: &str, dir: &Path) -> Result<PathBuf, FetchError> {
     let entries = fs::read_dir(dir).map_err(io_err("list", dir))?;
@@ -638,6 +660,30 @@ fn tail(text: &str, lines: usize, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weft_python_is_used_alone_and_bad_values_are_errors() {
+        let unset = python_candidates(|_| None).unwrap();
+        assert_eq!(unset, ["python3", "python"]);
+        let set = python_candidates(|k| (k == PYTHON_ENV).then(|| "/opt/py3".into())).unwrap();
+        assert_eq!(set, ["/opt/py3"]);
+        for value in ["", "  "] {
+            let e = python_candidates(|k| (k == PYTHON_ENV).then(|| value.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("WEFT_PYTHON") && e.contains("empty"), "{e}");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let e = python_candidates(|k| {
+                (k == PYTHON_ENV).then(|| OsString::from_vec(vec![0xff, b'p']))
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("WEFT_PYTHON") && e.contains("UTF-8"), "{e}");
+        }
+    }
 
     #[test]
     fn tail_keeps_the_last_lines() {

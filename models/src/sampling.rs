@@ -4,7 +4,10 @@
 //! Order of operations (as llama.cpp's common sampler chain): repetition
 //! penalty, then top-k, top-p and min-p on the temperature-scaled
 //! distribution, then a draw. Temperature 0 is greedy: the argmax of the raw
-//! logits, ties going to the lowest id.
+//! logits, ties going to the lowest id. A positive temperature so small that
+//! the largest scaled logit is not a finite f32 is greedy too: the
+//! distribution it stands for puts all its mass on the argmax, and
+//! computing it would give NaN.
 
 use weft_graph::synth::SplitMix64;
 
@@ -91,6 +94,9 @@ impl Sampler {
             .map(|(i, l)| (i as u32, l / p.temperature))
             .collect();
         cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if cands.first().is_none_or(|c| !c.1.is_finite()) {
+            return argmax(&logits) as u32;
+        }
         if p.top_k > 0 {
             cands.truncate(p.top_k.max(1));
         }
@@ -151,6 +157,30 @@ mod tests {
         // top_k = 1 is greedy whatever the temperature.
         let mut s = Sampler::new(SamplingParams { top_k: 1, ..params });
         assert_eq!(s.sample(&logits, &[]), argmax(&logits) as u32);
+    }
+
+    #[test]
+    fn a_temperature_that_overflows_the_logits_is_greedy() {
+        let logits = [3.0, -50.0, 7.5, 7.0, -1e30];
+        for temperature in [1e-38, 1e-45, f32::MIN_POSITIVE] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 3,
+                ..Default::default()
+            });
+            for _ in 0..8 {
+                assert_eq!(s.sample(&logits, &[]), 2, "temperature {temperature}");
+            }
+        }
+        // All logits negative: every scaled logit overflows to -inf.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1e-38,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&[-5.0, -4.0, -6.0], &[]), 1);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! ids from the host only; medians over `reps`.
 
 use super::diagnostics::DiagArgs;
-use super::ModelArgs;
+use super::output::Stdout;
+use super::{values, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 use std::time::Instant;
@@ -21,14 +22,15 @@ pub struct BenchArgs {
     model: ModelArgs,
     #[command(flatten)]
     diag: DiagArgs,
-    /// Prompt tokens per prompt-processing run (0: skip).
-    #[arg(long, default_value_t = 512)]
+    /// Prompt tokens per prompt-processing run (0: skip). The bench's
+    /// context, the larger of `pp` and `tg` plus 16, must fit the model's.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 512, value_parser = values::tokens)]
     pp: u32,
     /// Generated tokens per generation run (0: skip).
-    #[arg(long, default_value_t = 128)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 128, value_parser = values::tokens)]
     tg: u32,
-    /// Repetitions (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    /// Repetitions, 1 to 10000 (the median is reported).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 5, value_parser = values::int_in::<usize>(1, 10_000))]
     reps: usize,
     /// Print one JSON object.
     #[arg(long)]
@@ -49,8 +51,21 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    let diag = a.diag.open()?;
     let (mut exec, model) = a.model.load()?;
-    let ctx = (a.pp.max(a.tg) + 16).max(32);
+    let ctx =
+        a.pp.max(a.tg)
+            .checked_add(16)
+            .filter(|&c| c <= model.trained_context().max(32))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                "--pp {} / --tg {}: the larger plus 16 exceeds the model's context of {} tokens",
+                a.pp,
+                a.tg,
+                model.trained_context()
+            )
+            })?
+            .max(32);
     let mut cache = model.new_cache(&mut exec, ctx, a.pp.max(1))?;
     let vocab = model.vocab() as u64;
     let mut rng = SplitMix64::new(0);
@@ -61,7 +76,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // take ids from the host only (and `--step-by-step`) decode random
     // tokens step by step.
     let greedy = model.feeds_ids_on_device() && !a.step_by_step;
-    let diag = a.diag.start(&mut exec)?;
+    let diag = diag.start(&mut exec)?;
     let mut tg_graphs = None;
     // (device busy, wall) seconds of each measured decode run (GPU only).
     let mut tg_busy: Vec<(f64, f64)> = Vec::new();
@@ -142,6 +157,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "read": us(c.read_ns),
         })
     });
+    let mut out = Stdout::lock();
     if a.json {
         let v = serde_json::json!({
             "model": model.name,
@@ -169,20 +185,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "pp_barriers_per_step": pp_counters.map(|c| c.barriers),
             "pp_command_buffers_per_step": pp_counters.map(|c| c.command_buffers),
         });
-        println!("{v}");
+        out.line(v)?;
     } else {
-        println!(
+        out.line(format_args!(
             "model: {} | backend: {} | threads: {}",
             model.name,
             exec.device(),
             exec.threads()
-        );
+        ))?;
         if a.pp > 0 {
-            println!(
+            out.line(format_args!(
                 "pp{}: {pp:.1} tokens/s (median of {reps}); barriers per step {}",
                 a.pp,
                 pp_counters.map_or(0, |c| c.barriers)
-            );
+            ))?;
             let _ = pp_per;
         }
         if a.tg > 0 {
@@ -192,23 +208,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 } else {
                     "random tokens, step by step"
                 };
-                println!("tg{} ({mode}): {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg);
+                out.line(format_args!("tg{} ({mode}): {tg:.1} tokens/s (median of {reps}); per token: {b:.0} barriers, {cb:.1} command buffers, {n:.0} nodes", a.tg))?;
             }
             if let Some((busy, wall)) = split {
-                println!(
+                out.line(format_args!(
                     "per decode token: device busy {busy:.3} ms of {wall:.3} ms ({:.0} %); the rest is host work",
                     100.0 * busy / wall
-                );
+                ))?;
             }
             if let Some(h) = &host {
                 let f = |k: &str| h[k].as_f64().unwrap_or(0.0);
-                println!(
+                out.line(format_args!(
                     "host per decode token: record {:.0} us, submit {:.0} us, wait {:.0} us, read back {:.0} us",
                     f("record"),
                     f("submit"),
                     f("wait"),
                     f("read")
-                );
+                ))?;
             }
         }
     }

@@ -1,9 +1,10 @@
 //! `--trace FILE`, `--profile` and `--dump-layers DIR`, shared by the
 //! commands that run a model (run, bench, prefill).
 
+use super::output::{OutputDir, OutputFile};
 use anyhow::{Context, Result};
 use clap::Args;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use weft::runtime::{Counters, GraphExecutor, Profile};
 
 /// Diagnostics flags.
@@ -23,22 +24,49 @@ pub struct DiagArgs {
 
 /// Diagnostics of one run.
 pub struct Diagnostics {
-    args: DiagArgs,
+    trace: Option<OutputFile>,
+    profile: bool,
+    dump_layers: Option<OutputDir>,
     before: Counters,
 }
 
+/// The diagnostics' output files, opened before any work.
+pub struct DiagOutputs {
+    trace: Option<OutputFile>,
+    profile: bool,
+    dump_layers: Option<OutputDir>,
+}
+
 impl DiagArgs {
+    /// Opens the trace file and the dump folder: call before loading the
+    /// model, so a path that cannot be written fails first.
+    pub fn open(&self) -> Result<DiagOutputs> {
+        Ok(DiagOutputs {
+            trace: self
+                .trace
+                .as_deref()
+                .map(|p| OutputFile::open(p, "--trace"))
+                .transpose()?,
+            profile: self.profile,
+            dump_layers: self
+                .dump_layers
+                .as_deref()
+                .map(|p| OutputDir::create(p, "--dump-layers"))
+                .transpose()?,
+        })
+    }
+}
+
+impl DiagOutputs {
     /// Turns on what was asked for; call before running.
-    pub fn start(&self, exec: &mut GraphExecutor) -> Result<Diagnostics> {
+    pub fn start(self, exec: &mut GraphExecutor) -> Result<Diagnostics> {
         if self.trace.is_some() || self.profile {
             exec.enable_trace();
         }
-        if let Some(dir) = &self.dump_layers {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+        if self.dump_layers.is_some() {
             exec.enable_taps();
             if exec.config().cut.layers_per_cb != Some(1) {
-                eprintln!(
+                crate::note!(
                     "note: --dump-layers forces one layer per command buffer (was {:?})",
                     exec.config().cut.layers_per_cb
                 );
@@ -46,20 +74,27 @@ impl DiagArgs {
             }
         }
         Ok(Diagnostics {
-            args: self.clone(),
+            trace: self.trace,
+            profile: self.profile,
+            dump_layers: self.dump_layers,
             before: exec.counters(),
         })
     }
 }
 
 impl Diagnostics {
+    /// Whether layer dumps were asked for.
+    pub fn dumps_layers(&self) -> bool {
+        self.dump_layers.is_some()
+    }
+
     /// After a step covering `positions`: writes the layer dumps it tapped.
     pub fn after_step(
         &self,
         exec: &mut GraphExecutor,
         positions: std::ops::Range<u32>,
     ) -> Result<()> {
-        let Some(dir) = &self.args.dump_layers else {
+        let Some(dir) = &self.dump_layers else {
             return Ok(());
         };
         for (name, dims, values) in exec.take_taps()? {
@@ -70,22 +105,18 @@ impl Diagnostics {
 
     /// After the run: the trace file and the profile table.
     pub fn finish(self, exec: &mut GraphExecutor) -> Result<()> {
-        if !(self.args.profile || self.args.trace.is_some()) {
+        if !(self.profile || self.trace.is_some()) {
             return Ok(());
         }
         let trace = exec.take_trace();
-        if let Some(path) = &self.args.trace {
-            std::fs::write(path, trace.to_chrome_json())
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            eprintln!(
-                "trace: {} events written to {}",
-                trace.events.len(),
-                path.display()
-            );
+        if let Some(file) = self.trace {
+            let path = file.path().display().to_string();
+            file.write(trace.to_chrome_json().as_bytes())?;
+            crate::note!("trace: {} events written to {path}", trace.events.len());
         }
-        if self.args.profile {
+        if self.profile {
             let profile = Profile::from_trace(&trace, exec.counters() - self.before);
-            eprintln!("{}", profile.table());
+            crate::note!("{}", profile.table());
         }
         Ok(())
     }
@@ -95,7 +126,7 @@ impl Diagnostics {
 /// the FFN) become `layer{L:02}_{attn|ffn}_pos{P}.npy`, one row per
 /// position; a tap's rows are the last positions before `end`.
 fn write_layer_dump(
-    dir: &Path,
+    dir: &OutputDir,
     name: &str,
     dims: &[usize],
     values: &[f32],
@@ -112,10 +143,12 @@ fn write_layer_dump(
     let cols = *dims.last().unwrap_or(&1);
     let rows = values.len() / cols.max(1);
     for (i, row) in values.chunks(cols).enumerate() {
-        let pos = end as usize - rows + i;
-        let path = dir.join(format!("layer{layer:02}_{kind}_pos{pos}.npy"));
+        let pos = (end as usize + i).saturating_sub(rows);
+        let path = dir
+            .path()
+            .join(format!("layer{layer:02}_{kind}_pos{pos}.npy"));
         weft::npy::write_f32(&path, &[cols], row)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+            .with_context(|| format!("--dump-layers: cannot write `{}`", path.display()))?;
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! `weft graph synth`: build a recording without a model, schedule it with
 //! weft's pass and the baselines, check it, print the figures.
 
-use super::ModelArgs;
+use super::output::{print_line, OutputFile};
+use super::{values, ModelArgs};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -33,15 +34,16 @@ pub struct DumpArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Tokens in the step: 1 records a decode step, more a prefill step.
-    #[arg(long, default_value_t = 1)]
+    /// Position plus tokens must fit the model's context.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = values::tokens_at_least_1)]
     tokens: u32,
     /// Cache position of the step (the cache is filled up to it first).
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0, value_parser = values::tokens)]
     position: u32,
     #[arg(long, value_enum, default_value_t = DumpFormat::Json)]
     format: DumpFormat,
     /// DOT only: show layers `a..b` and collapse the others.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     layers: Option<String>,
     /// Output file.
     #[arg(long)]
@@ -56,18 +58,22 @@ pub struct SynthArgs {
     /// Random ops over random overlapping ranges.
     #[arg(long)]
     random: bool,
-    #[arg(long, default_value_t = 30)]
+    /// `--shape llama`: layers, 1 to 4096.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 30, value_parser = values::int_in::<u32>(1, 4096))]
     layers: u32,
-    #[arg(long, default_value_t = 1)]
+    /// `--shape llama`: tokens in the step, 1 to 1048576.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, value_parser = values::int_in::<u64>(1, values::MAX_TOKENS))]
     tokens: u64,
-    #[arg(long, default_value_t = 1000)]
+    /// `--random`: nodes, 1 to 1000000.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000, value_parser = values::int_in::<usize>(1, 1_000_000))]
     nodes: usize,
-    #[arg(long, default_value_t = 16)]
+    /// `--random`: buffers, 1 to 65536.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 16, value_parser = values::int_in::<u32>(1, 65_536))]
     buffers: u32,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
-    /// Layers per command buffer (default: one command buffer).
-    #[arg(long)]
+    /// Layers per command buffer, 1 to 4096 (default: one command buffer).
+    #[arg(allow_negative_numbers = true, long, value_parser = values::layers_per_cb)]
     layers_per_cb: Option<u32>,
     /// Print one JSON object.
     #[arg(long)]
@@ -85,6 +91,11 @@ pub fn run(cmd: GraphCommand) -> Result<()> {
 }
 
 fn synth_cmd(a: SynthArgs) -> Result<()> {
+    let dump_file = a
+        .dump
+        .as_deref()
+        .map(|p| OutputFile::open(p, "--dump"))
+        .transpose()?;
     let syn = match (a.shape.as_deref(), a.random) {
         (Some("llama"), false) => synth::llama_shape(&synth::LlamaShape {
             layers: a.layers,
@@ -119,9 +130,9 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
     } else {
         weft.levels()
     };
-    if let Some(path) = &a.dump {
+    if let Some(file) = dump_file {
         let d = dump::build(nodes, syn.buffers.clone(), &weft);
-        std::fs::write(path, serde_json::to_string(&d)?)?;
+        file.write(serde_json::to_string(&d)?.as_bytes())?;
     }
     let v = serde_json::json!({
         "nodes": nodes.len(),
@@ -136,9 +147,9 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
         "checker": checker,
     });
     if a.json {
-        println!("{v}");
+        print_line(v)?;
     } else {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_line(serde_json::to_string_pretty(&v)?)?;
     }
     Ok(())
 }
@@ -148,7 +159,7 @@ fn parse_layers(text: &str) -> Result<std::ops::Range<u32>> {
         .split_once("..")
         .and_then(|(a, b)| Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?)));
     match parsed {
-        Some((a, b)) if a <= b => Ok(a..b + 1),
+        Some((a, b)) if a <= b && b < u32::MAX => Ok(a..b + 1),
         _ => bail!("--layers takes `a..b` (inclusive layer numbers, e.g. 0..2), not `{text}`"),
     }
 }
@@ -156,8 +167,20 @@ fn parse_layers(text: &str) -> Result<std::ops::Range<u32>> {
 fn dump_cmd(a: DumpArgs) -> Result<()> {
     anyhow::ensure!(a.tokens >= 1, "--tokens must be at least 1");
     let layers = a.layers.as_deref().map(parse_layers).transpose()?;
+    let out = OutputFile::open(&a.out, "--out")?;
     let (mut exec, model) = a.model.load()?;
-    let context = a.position + a.tokens;
+    let context = a
+        .position
+        .checked_add(a.tokens)
+        .filter(|&c| c <= model.trained_context())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--position {} plus --tokens {} exceeds the model's context of {} tokens",
+                a.position,
+                a.tokens,
+                model.trained_context()
+            )
+        })?;
     let mut cache = model.new_cache(&mut exec, context, context.max(a.tokens))?;
     if a.position > 0 {
         // Fill the cache up to the position with some text's tokens.
@@ -181,7 +204,7 @@ fn dump_cmd(a: DumpArgs) -> Result<()> {
         DumpFormat::Dot => weft::graph::dot::render(&dump, layers),
         DumpFormat::Html => weft::graph::html::render(&dump, &title),
     };
-    std::fs::write(&a.out, text)?;
+    out.write(text.as_bytes())?;
     let cuts: Vec<_> = schedule
         .command_buffers
         .iter()
@@ -191,7 +214,7 @@ fn dump_cmd(a: DumpArgs) -> Result<()> {
         weft::graph::reorder::schedule(&nodes, &cuts, Strategy::RecordedOrder).barriers();
     let greedy =
         weft::graph::reorder::schedule(&nodes, &cuts, Strategy::GreedyWindow(64)).barriers();
-    eprintln!(
+    crate::note!(
         "{}: {} nodes, {} command buffer(s), {} barriers (recorded order {recorded}, greedy-64 {greedy}), {} reordered -> {}",
         title,
         nodes.len(),

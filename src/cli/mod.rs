@@ -4,12 +4,14 @@
 mod bench;
 mod diagnostics;
 mod graph;
+pub mod output;
 mod perplexity;
 mod prefill;
 mod progress;
 mod run;
 mod synth_model;
 mod tokenize;
+mod values;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -67,12 +69,12 @@ pub struct ModelArgs {
     /// Default: SmolLM2-135M-Instruct Q4_1, fetched on first use.
     #[arg(long)]
     pub model: Option<String>,
-    /// Worker threads (default: `WEFT_THREADS`, else all cores).
-    #[arg(long)]
+    /// Worker threads, 1 to 1024 (default: `WEFT_THREADS`, else all cores).
+    #[arg(allow_negative_numbers = true, long, value_parser = values::threads)]
     pub threads: Option<usize>,
-    /// Layers per command buffer (default: `WEFT_LAYERS_PER_CB`, else all
-    /// layers in one).
-    #[arg(long)]
+    /// Layers per command buffer, 1 to 4096 (default: `WEFT_LAYERS_PER_CB`,
+    /// else all layers in one).
+    #[arg(allow_negative_numbers = true, long, value_parser = values::layers_per_cb)]
     pub layers_per_cb: Option<u32>,
     /// Run in recorded order instead of the reorder pass (diagnosis; also
     /// `WEFT_REORDER=0`).
@@ -99,15 +101,15 @@ impl ModelArgs {
         let interactive = std::io::stderr().is_terminal();
         let mut progress = |msg: &str| {
             if interactive {
-                eprint!("\r\x1b[2K{msg}");
+                output::stderr_text(format_args!("\r\x1b[2K{msg}"));
             } else {
-                eprintln!("{msg}");
+                crate::note!("{msg}");
             }
         };
         let path = weft::models::fetch::resolve_model(self.model.as_deref(), &mut progress)
             .context("cannot obtain the model")?;
         if interactive {
-            eprint!("\r\x1b[2K");
+            output::stderr_text(format_args!("\r\x1b[2K"));
         }
         Ok(path)
     }
@@ -130,12 +132,10 @@ impl ModelArgs {
         let s = self.settings()?;
         let mut config = ExecutorConfig::default();
         if let Some(t) = s.threads {
-            anyhow::ensure!(t >= 1, "--threads must be at least 1");
             config.threads = t;
         }
         config.reorder = s.reorder.unwrap_or(true);
         if let Some(k) = s.layers_per_cb {
-            anyhow::ensure!(k >= 1, "--layers-per-cb must be at least 1");
             config.cut.layers_per_cb = Some(k);
         }
         config.graph_diag = s.graph_diag.unwrap_or(false);
@@ -156,7 +156,7 @@ impl ModelArgs {
                     match Device::Cuda(0).unavailable_reason() {
                         None => return Ok(Device::Cuda(0)),
                         Some(why) => {
-                            eprintln!("note: running on the CPU: CUDA is unavailable ({why})")
+                            crate::note!("note: running on the CPU: CUDA is unavailable ({why})")
                         }
                     }
                 }
@@ -177,8 +177,8 @@ impl ModelArgs {
 
     /// Executor plus loaded model.
     pub fn load(&self) -> Result<(GraphExecutor, Model)> {
-        let path = self.model_path()?;
         let mut exec = self.executor()?;
+        let path = self.model_path()?;
         let model = Model::load(&path, &mut exec)
             .with_context(|| format!("cannot load {}", path.display()))?;
         Ok((exec, model))

@@ -12,12 +12,25 @@ pub struct PerplexityArgs {
     /// The text file.
     #[arg(long, short = 'f')]
     file: PathBuf,
-    /// Window (context) length in tokens.
-    #[arg(long, default_value_t = 512)]
+    /// Window (context) length in tokens, 3 to 1048576: each window scores
+    /// its second half, less its last token, so 3 is the least that scores
+    /// one.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 512, value_parser = window)]
     ctx: u32,
     /// Print one JSON object: {"ppl", "chunks", "tokens"}.
     #[arg(long)]
     json: bool,
+}
+
+/// A `--ctx` value: 3 to 1048576.
+fn window(text: &str) -> Result<u32, String> {
+    let n = super::values::int_in::<u32>(0, super::values::MAX_TOKENS)(text)?;
+    if n < 3 {
+        return Err(format!(
+            "a window of {n} tokens scores none; the smallest that scores one is 3"
+        ));
+    }
+    Ok(n)
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
@@ -28,18 +41,25 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let quiet = a.json;
     let mut progress = |chunk: usize, ppl: f64| {
         if !quiet {
-            eprintln!("[{chunk}] {ppl:.4}");
+            crate::note!("[{chunk}] {ppl:.4}");
         }
     };
     let p =
         weft::models::eval::perplexity(&model, &mut exec, &tokens, a.ctx as usize, &mut progress)?;
+    anyhow::ensure!(p.tokens > 0, "--ctx {}: no tokens were scored", a.ctx);
+    anyhow::ensure!(
+        p.ppl.is_finite(),
+        "the perplexity over {} tokens is {} (the model's logits are not finite)",
+        p.tokens,
+        p.ppl
+    );
     if a.json {
-        println!("{}", serde_json::to_string(&p)?);
+        super::output::print_line(serde_json::to_string(&p)?)?;
     } else {
-        println!(
+        super::output::print_line(format_args!(
             "perplexity: {:.4} over {} chunks of {} tokens",
             p.ppl, p.chunks, a.ctx
-        );
+        ))?;
     }
     Ok(())
 }

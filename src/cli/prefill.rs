@@ -5,12 +5,14 @@
 //! (`reorder`, `layers_per_cb`, `prefill_windows`, `threads`, `backend`).
 //! A knob given as an array is swept (the runs are the cartesian product).
 //! The whole script is checked before anything runs: an unknown key, a
-//! missing file or a bad value is an error naming its line.
+//! missing file, a bad value or an empty array is an error naming its line,
+//! and a script expanding to more than `--max-runs` runs (default 1000) is
+//! refused.
 
+use super::output::{OutputDir, OutputFile, Stdout};
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use weft::models::LogitRows;
@@ -26,11 +28,13 @@ pub struct PrefillArgs {
     /// Write one Chrome trace per run into this folder.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// The most runs a script may expand to (its sweeps multiplied out).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000, value_parser = super::values::int_in::<usize>(1, 1_000_000))]
+    max_runs: usize,
 }
 
 /// A value or a list of values to sweep.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug)]
 enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
@@ -43,11 +47,17 @@ impl<T: Clone> OneOrMany<T> {
             OneOrMany::Many(v) => v.clone(),
         }
     }
+
+    fn len(&self) -> usize {
+        match self {
+            OneOrMany::One(_) => 1,
+            OneOrMany::Many(v) => v.len(),
+        }
+    }
 }
 
 /// The knobs of `[defaults]` and of each scenario.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default)]
 struct Knobs {
     model: Option<String>,
     repetitions: Option<usize>,
@@ -105,34 +115,122 @@ impl Source<'_> {
     }
 }
 
+const KNOBS: [&str; 7] = [
+    "model",
+    "repetitions",
+    "reorder",
+    "layers_per_cb",
+    "prefill_windows",
+    "threads",
+    "backend",
+];
+
 fn parse_knobs(table: toml::Table, src: &Source<'_>, at: Option<usize>) -> Result<Knobs> {
-    for key in table.keys() {
-        const KNOWN: [&str; 7] = [
-            "model",
-            "repetitions",
-            "reorder",
-            "layers_per_cb",
-            "prefill_windows",
-            "threads",
-            "backend",
-        ];
-        if !KNOWN.contains(&key.as_str()) {
-            bail!(
-                "{}: unknown key `{key}` (accepted: name, prompt, prompt_file, synthetic, {})",
-                src.line(at, key),
-                KNOWN.join(", ")
-            );
+    let mut k = Knobs::default();
+    for (key, value) in table {
+        let line = src.line(at, &key);
+        let key = key.as_str();
+        match key {
+            "model" => k.model = Some(string_value(key, value, &line)?),
+            "backend" => k.backend = Some(string_value(key, value, &line)?),
+            "repetitions" => {
+                k.repetitions = Some(integer_value(key, &value, &line, 1, 1000)? as usize)
+            }
+            "reorder" => {
+                k.reorder = Some(swept(
+                    key,
+                    value,
+                    &line,
+                    ("boolean", "a boolean"),
+                    bool_value,
+                )?)
+            }
+            "layers_per_cb" | "prefill_windows" => {
+                let v = swept(
+                    key,
+                    value,
+                    &line,
+                    ("integer", "an integer from 1 to 4096"),
+                    |k, v, l| Ok(integer_value(k, v, l, 1, 4096)? as u32),
+                )?;
+                if key == "layers_per_cb" {
+                    k.layers_per_cb = Some(v);
+                } else {
+                    k.prefill_windows = Some(v);
+                }
+            }
+            "threads" => {
+                k.threads = Some(swept(
+                    key,
+                    value,
+                    &line,
+                    ("integer", "an integer from 1 to 1024"),
+                    |k, v, l| Ok(integer_value(k, v, l, 1, 1024)? as usize),
+                )?)
+            }
+            _ => bail!(
+                "{line}: unknown key `{key}` (accepted: name, prompt, prompt_file, synthetic, {})",
+                KNOBS.join(", ")
+            ),
         }
     }
-    let keys: Vec<String> = table.keys().cloned().collect();
-    toml::Value::Table(table).try_into::<Knobs>().map_err(|e| {
-        let line = keys
-            .iter()
-            .map(|k| src.line(at, k))
-            .next()
-            .unwrap_or_else(|| src.line(at, ""));
-        anyhow::anyhow!("{line}: {e}")
-    })
+    Ok(k)
+}
+
+fn string_value(key: &str, value: toml::Value, line: &str) -> Result<String> {
+    match value {
+        toml::Value::String(s) => Ok(s),
+        other => bail!("{line}: `{key}` must be a string, not {}", other.type_str()),
+    }
+}
+
+fn bool_value(key: &str, value: &toml::Value, line: &str) -> Result<bool> {
+    match value {
+        toml::Value::Boolean(b) => Ok(*b),
+        other => bail!(
+            "{line}: `{key}` must be a boolean, not {}",
+            other.type_str()
+        ),
+    }
+}
+
+fn integer_value(key: &str, value: &toml::Value, line: &str, min: i64, max: i64) -> Result<i64> {
+    match value {
+        toml::Value::Integer(n) if (min..=max).contains(n) => Ok(*n),
+        toml::Value::Integer(n) => bail!("{line}: `{key}` must be from {min} to {max}, not {n}"),
+        other => bail!(
+            "{line}: `{key}` must be an integer from {min} to {max}, not {}",
+            other.type_str()
+        ),
+    }
+}
+
+/// A knob given as one value or as a non-empty array of values to sweep.
+fn swept<T>(
+    key: &str,
+    value: toml::Value,
+    line: &str,
+    (ty, what): (&str, &str),
+    one: impl Fn(&str, &toml::Value, &str) -> Result<T>,
+) -> Result<OneOrMany<T>> {
+    match value {
+        toml::Value::Array(items) => {
+            if items.is_empty() {
+                bail!("{line}: `{key}` is an empty array; give {what} or an array of them");
+            }
+            let values = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| one(&format!("{key}[{i}]"), v, line))
+                .collect::<Result<Vec<T>>>()?;
+            Ok(OneOrMany::Many(values))
+        }
+        other if other.type_str() != ty => bail!(
+            "{line}: `{key}` must be {what} or an array of them, not {}",
+            other.type_str()
+        ),
+        other => one(key, &other, line).map(OneOrMany::One),
+    }
 }
 
 fn parse_script(src: &Source<'_>) -> Result<(Knobs, Vec<Scenario>)> {
@@ -230,27 +328,35 @@ pub fn run(a: PrefillArgs) -> Result<()> {
         text: &text,
     };
     let base = a.script.parent().unwrap_or(Path::new("."));
-    let runs = plan(&src, base)?;
-    if let Some(dir) = &a.trace {
-        std::fs::create_dir_all(dir)?;
-    }
-    let progress = super::progress::Progress::new(runs.len() as u64, "prefill runs");
+    let runs = plan(&src, base, a.max_runs)?;
+    let json = a
+        .json
+        .as_deref()
+        .map(|p| OutputFile::open(p, "--json"))
+        .transpose()?;
+    let trace_dir = a
+        .trace
+        .as_deref()
+        .map(|p| OutputDir::create(p, "--trace"))
+        .transpose()?;
+    let total = runs.len();
+    crate::note!(
+        "{}: {total} run{}",
+        a.script.display(),
+        if total == 1 { "" } else { "s" }
+    );
+    let progress = super::progress::Progress::new(total as u64, "prefill runs");
     let mut outcomes = Vec::new();
     for (i, (run, prompt)) in runs.into_iter().enumerate() {
-        progress.message(&format!(
-            "{} ({}/{})",
-            run.scenario,
-            i + 1,
-            outcomes.len() + 1
-        ));
-        let trace = a.trace.as_ref().map(|d| d.join(format!("run{i:03}.json")));
-        outcomes.push(measure(run, &prompt, trace.as_deref())?);
+        progress.message(&format!("{} ({}/{total})", run.scenario, i + 1));
+        let trace = trace_dir.as_ref().map(|d| (d, format!("run{i:03}.json")));
+        outcomes.push(measure(run, &prompt, trace)?);
         progress.inc();
     }
     progress.finish();
-    print_table(&outcomes);
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&outcomes)?)?;
+    print_table(&outcomes)?;
+    if let Some(file) = json {
+        file.write(serde_json::to_string_pretty(&outcomes)?.as_bytes())?;
     }
     Ok(())
 }
@@ -262,10 +368,35 @@ enum Prompt {
     Synthetic(u32),
 }
 
-/// Checks the script and expands sweeps, before anything runs.
-fn plan(src: &Source<'_>, base: &Path) -> Result<Vec<(Run, Prompt)>> {
+/// Checks the script and expands sweeps, before anything runs: at most
+/// `max_runs` runs.
+fn plan(src: &Source<'_>, base: &Path, max_runs: usize) -> Result<Vec<(Run, Prompt)>> {
     let (defaults, scenarios) = parse_script(src)?;
-    let mut runs = Vec::new();
+    let count = scenarios.iter().try_fold(0usize, |total, s| {
+        let k = merge(&defaults, &s.knobs);
+        let lens = [
+            k.reorder.as_ref().map_or(1, OneOrMany::len),
+            k.layers_per_cb.as_ref().map_or(1, OneOrMany::len),
+            k.prefill_windows.as_ref().map_or(1, OneOrMany::len),
+            k.threads.as_ref().map_or(1, OneOrMany::len),
+        ];
+        lens.iter()
+            .try_fold(1usize, |n, &l| n.checked_mul(l))
+            .and_then(|n| total.checked_add(n))
+    });
+    match count {
+        Some(n) if n <= max_runs => {}
+        Some(n) => bail!(
+            "{}: the script expands to {n} runs, more than --max-runs {max_runs} (raise --max-runs or sweep fewer values)",
+            src.path.display()
+        ),
+        None => bail!(
+            "{}: the script expands to more than {} runs, more than --max-runs {max_runs}",
+            src.path.display(),
+            usize::MAX
+        ),
+    }
+    let mut runs = Vec::with_capacity(count.unwrap_or(0));
     for (i, s) in scenarios.iter().enumerate() {
         let prompt = match (&s.prompt, &s.prompt_file, s.synthetic) {
             (Some(t), None, None) => Prompt::Text(t.clone()),
@@ -342,6 +473,7 @@ impl Scenario {
         match key {
             "model" => k.model.is_some(),
             "repetitions" => k.repetitions.is_some(),
+            "reorder" => k.reorder.is_some(),
             "layers_per_cb" => k.layers_per_cb.is_some(),
             "prefill_windows" => k.prefill_windows.is_some(),
             "threads" => k.threads.is_some(),
@@ -366,28 +498,9 @@ fn merge(defaults: &Knobs, own: &Knobs) -> Knobs {
     }
 }
 
+/// Checks what parsing could not: the backend and the model (ranges and
+/// types were checked as each key was read).
 fn validate(k: &Knobs, at: &dyn Fn(&str) -> String) -> Result<()> {
-    if let Some(r) = k.repetitions {
-        if !(1..=1000).contains(&r) {
-            bail!("{}: repetitions must be 1..=1000", at("repetitions"));
-        }
-    }
-    for (name, v) in [
-        ("layers_per_cb", &k.layers_per_cb),
-        ("prefill_windows", &k.prefill_windows),
-    ] {
-        if v.as_ref()
-            .is_some_and(|v| v.values().iter().any(|x| *x == 0 || *x > 4096))
-        {
-            bail!("{}: {name} values must be 1..=4096", at(name));
-        }
-    }
-    if k.threads
-        .as_ref()
-        .is_some_and(|t| t.values().iter().any(|x| *x == 0 || *x > 1024))
-    {
-        bail!("{}: threads must be 1..=1024", at("threads"));
-    }
     if let Some(b) = &k.backend {
         if b != "cpu" {
             bail!(
@@ -407,7 +520,7 @@ fn validate(k: &Knobs, at: &dyn Fn(&str) -> String) -> Result<()> {
     Ok(())
 }
 
-fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
+fn measure(run: Run, prompt: &Prompt, trace: Option<(&OutputDir, String)>) -> Result<Outcome> {
     let args = ModelArgs {
         model: run.model.clone(),
         threads: run.threads,
@@ -464,8 +577,8 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
             );
         }
     }
-    if let Some(path) = trace {
-        std::fs::write(path, exec.take_trace().to_chrome_json())?;
+    if let Some((dir, name)) = trace {
+        dir.write(&name, exec.take_trace().to_chrome_json().as_bytes())?;
     }
     tps.sort_by(f64::total_cmp);
     Ok(Outcome {
@@ -482,15 +595,16 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<&Path>) -> Result<Outcome> {
     })
 }
 
-fn print_table(outcomes: &[Outcome]) {
-    println!(
+fn print_table(outcomes: &[Outcome]) -> Result<()> {
+    let mut out = Stdout::lock();
+    out.line(
         "| scenario | reorder | layers/cb | windows | threads | tokens | chunks | TTFT ms | prefill t/s (median, min-max) | barriers/chunk | cbs/chunk | peak pool MiB |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    )?;
+    out.line("|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for o in outcomes {
         let r = &o.run;
         let opt = |v: Option<String>| v.unwrap_or_else(|| "default".into());
-        println!(
+        out.line(format_args!(
             "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} ({:.1}-{:.1}) | {:.0} | {:.1} | {:.1} |",
             r.scenario,
             if r.reorder { "on" } else { "off" },
@@ -506,6 +620,7 @@ fn print_table(outcomes: &[Outcome]) {
             o.barriers_per_chunk,
             o.command_buffers_per_chunk,
             o.peak_pool_bytes as f64 / (1 << 20) as f64
-        );
+        ))?;
     }
+    Ok(())
 }

@@ -34,7 +34,7 @@ impl Progress {
     pub fn message(&self, msg: &str) {
         match &self.bar {
             Some(b) => b.set_message(msg.to_string()),
-            None => eprintln!("{}: {msg}", self.label),
+            None => crate::note!("{}: {msg}", self.label),
         }
     }
 
@@ -42,7 +42,7 @@ impl Progress {
         self.done.set(self.done.get() + 1);
         match &self.bar {
             Some(b) => b.inc(1),
-            None => eprintln!("{}: {}/{} done", self.label, self.done.get(), self.total),
+            None => crate::note!("{}: {}/{} done", self.label, self.done.get(), self.total),
         }
     }
 

@@ -1,10 +1,11 @@
 //! `weft run`: generate from a prompt, streaming text (or ids / JSON).
 
 use super::diagnostics::DiagArgs;
+use super::output::Stdout;
+use super::values;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::io::Write;
 use std::time::Instant;
 use weft::models::sampling::{Sampler, SamplingParams};
 use weft::models::LogitRows;
@@ -34,24 +35,36 @@ pub struct RunArgs {
     )]
     prompt: Option<String>,
     /// The prompt as token ids, comma-separated (`--prompt-ids 1,2,3`; any model).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     prompt_ids: Option<Vec<u32>>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    /// Tokens to generate, 0 to 1048576 (`-n N`, `-n=N` or `--n-predict N`).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 128,
+        allow_negative_numbers = true,
+        value_parser = values::int_in::<usize>(0, values::MAX_TOKENS)
+    )]
     n: usize,
-    /// Sampling temperature; 0 is greedy (argmax, ties to the lowest id).
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature, a finite number >= 0; 0 is greedy (argmax,
+    /// ties to the lowest id), and so is a temperature so small that the
+    /// scaled logits overflow.
+    #[arg(long, default_value_t = 0.8, allow_hyphen_values = true, value_parser = values::temperature)]
     temp: f32,
     /// Seed of the sampler (default: from the clock).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
-    #[arg(long, default_value_t = 40)]
+    /// Keep the k most likely tokens (0: off).
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
+    /// Nucleus sampling, 0 to 1 (1: off).
+    #[arg(long, default_value_t = 0.95, allow_hyphen_values = true, value_parser = values::probability)]
     top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
+    /// Drop tokens less likely than this fraction of the most likely one, 0 to 1 (0: off).
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true, value_parser = values::probability)]
     min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// Repetition penalty, a finite number > 0 (1: off).
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = values::penalty)]
     repeat_penalty: f32,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
@@ -59,14 +72,15 @@ pub struct RunArgs {
     /// Stop when the text ends with this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Context length (default: the model's, at most 4096).
-    #[arg(long)]
+    /// Context length, 1 to 1048576 (default: the model's, at most 4096).
+    #[arg(allow_negative_numbers = true, long, value_parser = values::tokens_at_least_1)]
     ctx: Option<u32>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    let diag = a.diag.open()?;
     let (mut exec, model) = a.model.load()?;
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
@@ -83,8 +97,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         bail!("the prompt is empty after tokenization; give some text");
     }
     let ctx = a.ctx.unwrap_or_else(|| model.trained_context().min(4096));
-    let needed = prompt.len() + a.n;
-    if needed > ctx as usize {
+    let needed = prompt.len().checked_add(a.n);
+    if needed.is_none_or(|n| n > ctx as usize) {
         bail!("the prompt ({} tokens) plus {} generated tokens exceed the context of {ctx} tokens (use --ctx or a smaller -n)", prompt.len(), a.n);
     }
     let policy = a.model.chunk_policy(&model)?;
@@ -103,7 +117,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         seed,
         ..Default::default()
     });
-    let diag = a.diag.start(&mut exec)?;
+    let diag = diag.start(&mut exec)?;
     let t0 = Instant::now();
     let mut after = |exec: &mut weft::runtime::GraphExecutor, pos: std::ops::Range<u32>| {
         diag.after_step(exec, pos)
@@ -131,7 +145,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut generated = Vec::new();
     let mut text = String::new();
     let mut decoder = model.tokenizer.stream_decoder(false);
-    let mut out = std::io::stdout().lock();
+    let mut out = Stdout::lock();
     // Takes a generated token: false once generation should stop.
     let mut accept = |tok: u32, history: &mut Vec<u32>| -> Result<bool> {
         if model.tokenizer.is_eog(tok) && !a.ignore_eos {
@@ -142,8 +156,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         let piece = decoder.push(tok)?;
         text.push_str(&piece);
         if a.format == Format::Text {
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
+            out.write(&piece)?;
         }
         Ok(!a
             .stop
@@ -154,7 +167,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     // on the device one step ahead: each step's argmax feeds the next.
     let on_device = a.temp <= 0.0
         && a.repeat_penalty == 1.0
-        && a.diag.dump_layers.is_none()
+        && !diag.dumps_layers()
         && model.feeds_ids_on_device();
     let t1 = Instant::now();
     if a.n > 0 {
@@ -196,10 +209,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let gen_time = t1.elapsed();
     drop(out);
     diag.finish(&mut exec)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = Stdout::lock();
     match a.format {
-        Format::Text => writeln!(out)?,
-        Format::Ids => writeln!(out, "{}", serde_json::to_string(&generated)?)?,
+        Format::Text => out.line("")?,
+        Format::Ids => out.line(serde_json::to_string(&generated)?)?,
         Format::Json => {
             let v = serde_json::json!({
                 "model": model.name,
@@ -215,7 +228,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                     "gen_tps": generated.len() as f64 / gen_time.as_secs_f64(),
                 },
             });
-            writeln!(out, "{v}")?;
+            out.line(v)?;
         }
     }
     Ok(())

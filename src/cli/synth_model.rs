@@ -4,6 +4,7 @@
 //! public files'; the weights are random and tiled (see
 //! `deepseek4::synthetic::write_random_tiled`).
 
+use super::output::OutputFile;
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -19,19 +20,19 @@ pub struct SynthModelArgs {
     #[arg(long, default_value = "deepseek4-flash")]
     arch: String,
     /// Transformer layers (Flash: 43).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     layers: Option<usize>,
     /// Routed experts per layer (Flash: 256). Fewer experts keep the file
     /// small; a decode step reads the same bytes (6 experts per layer).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     experts: Option<usize>,
     /// Context length written to the metadata (Flash: 1M).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     context: Option<u32>,
-    /// Random rows per tensor before they repeat.
-    #[arg(long, default_value_t = 256)]
+    /// Random rows per tensor before they repeat, 1 to 1048576.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 256, value_parser = super::values::int_in::<usize>(1, 1 << 20))]
     tile_rows: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Output GGUF file.
     #[arg(long)]
@@ -72,9 +73,11 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         c.context = context;
     }
     let types = TensorTypes::flash_gguf();
+    let out = OutputFile::open(&a.out, "--out")?;
     let start = Instant::now();
     let bytes = write_random_tiled(&a.out, &c, &types, a.seed, a.tile_rows)?;
-    eprintln!(
+    out.keep();
+    crate::note!(
         "wrote {} ({:.2} GB, {} layers, {} experts of which {} used, {:.1} s)",
         a.out.display(),
         bytes as f64 / 1e9,
@@ -83,7 +86,7 @@ pub fn run(a: SynthModelArgs) -> Result<()> {
         c.experts_used,
         start.elapsed().as_secs_f64()
     );
-    eprintln!(
+    crate::note!(
         "a decode token reads {:.2} GB of weights (every tensor once, {} of {} experts per layer, one embedding row)",
         decode_weight_bytes(&c, &types) as f64 / 1e9,
         c.experts_used,

@@ -20,6 +20,6 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
     let file = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&a.text);
-    println!("{}", serde_json::to_string(&ids)?);
+    super::output::print_line(serde_json::to_string(&ids)?)?;
     Ok(())
 }

@@ -527,7 +527,10 @@ pub fn write_random_tiled(
     let io = |e: std::io::Error| ModelError::Input(format!("writing {}: {e}", path.display()));
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(8 << 20, file);
-    w.write_to(&mut out)?;
+    w.write_to(&mut out).map_err(|e| match e {
+        crate::gguf::GgufError::Io { source, .. } => io(source),
+        other => other.into(),
+    })?;
     out.flush().map_err(io)?;
     let len = out.get_ref().metadata().map_err(io)?.len();
     Ok(len)

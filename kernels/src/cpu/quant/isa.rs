@@ -100,23 +100,40 @@ impl Isa {
         if cached != UNSET {
             return Ok(Isa::from_code(cached));
         }
-        let mut isa = Isa::best_supported();
-        if let Ok(value) = std::env::var(ISA_ENV) {
-            let wanted = Isa::parse(&value)?;
-            if !wanted.is_supported() {
-                return Err(OpError::Param {
-                    op: "cpu isa",
-                    message: format!(
-                        "{ISA_ENV}={} but this CPU supports at most {}",
-                        wanted.name(),
-                        isa.name()
-                    ),
-                });
-            }
-            isa = wanted;
-        }
+        let isa = Isa::from_env_value(std::env::var_os(ISA_ENV))?;
         DETECTED.store(isa.code(), Ordering::Relaxed);
         Ok(isa)
+    }
+
+    /// The path for a `WEFT_CPU_ISA` value (`None`: unset, the best this
+    /// CPU supports). A value that is not valid UTF-8, not one of the
+    /// names, or more than this CPU supports is an error naming the
+    /// variable.
+    pub fn from_env_value(value: Option<std::ffi::OsString>) -> Result<Isa, OpError> {
+        let best = Isa::best_supported();
+        let Some(value) = value else {
+            return Ok(best);
+        };
+        let Some(text) = value.to_str() else {
+            return Err(OpError::Param {
+                op: "cpu isa",
+                message: format!(
+                    "{ISA_ENV}={value:?} is not valid UTF-8 (accepted: scalar, avx2, avx512)"
+                ),
+            });
+        };
+        let wanted = Isa::parse(text)?;
+        if !wanted.is_supported() {
+            return Err(OpError::Param {
+                op: "cpu isa",
+                message: format!(
+                    "{ISA_ENV}={} but this CPU supports at most {}",
+                    wanted.name(),
+                    best.name()
+                ),
+            });
+        }
+        Ok(wanted)
     }
 
     /// `self`, or an error when this CPU cannot run it (for callers that
@@ -151,5 +168,31 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains(ISA_ENV) && err.contains("sse9"), "{err}");
         assert!(Isa::Scalar.is_supported());
+    }
+
+    #[test]
+    fn environment_values_are_strict() {
+        assert_eq!(Isa::from_env_value(None).ok(), Some(Isa::best_supported()));
+        assert_eq!(
+            Isa::from_env_value(Some(" Scalar ".into())).ok(),
+            Some(Isa::Scalar)
+        );
+        for bad in ["", "avx", "sse9"] {
+            let err = Isa::from_env_value(Some(bad.into()))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(ISA_ENV), "{bad:?}: {err}");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let raw = std::ffi::OsString::from_vec(vec![0xff, b'a']);
+            let err = Isa::from_env_value(Some(raw))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(ISA_ENV) && err.contains("UTF-8"), "{err}");
+        }
     }
 }
