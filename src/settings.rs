@@ -8,6 +8,7 @@
 
 use std::ffi::OsString;
 use weft_kernels::cpu::quant::{Isa, ISA_ENV};
+use weft_runtime::Numerics;
 
 /// Knobs that can come from the environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct Settings {
     pub graph_diag: Option<bool>,
     /// `WEFT_FUSE`: 0 turns the fusion pass off.
     pub fuse: Option<bool>,
+    /// `WEFT_NUMERICS`: exact or fast.
+    pub numerics: Option<Numerics>,
 }
 
 /// A malformed setting.
@@ -181,6 +184,7 @@ impl Settings {
             )?,
             graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
             fuse: flag(&get, "WEFT_FUSE")?,
+            numerics: numerics(&get)?,
         })
     }
 
@@ -193,6 +197,7 @@ impl Settings {
             prefill_windows: over.prefill_windows.or(self.prefill_windows),
             graph_diag: over.graph_diag.or(self.graph_diag),
             fuse: over.fuse.or(self.fuse),
+            numerics: over.numerics.or(self.numerics),
         }
     }
 }
@@ -224,6 +229,18 @@ fn flag(
         Some(other) => Err(SettingsError {
             var,
             value: other.to_string(),
+            accepts: accepts.into(),
+        }),
+    }
+}
+
+fn numerics(get: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Numerics>, SettingsError> {
+    let (var, accepts) = ("WEFT_NUMERICS", "exact or fast");
+    match text(get, var, accepts)? {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| SettingsError {
+            var,
+            value: v,
             accepts: accepts.into(),
         }),
     }
@@ -293,6 +310,7 @@ mod tests {
             ("WEFT_LAYERS_PER_CB", "many", "1 to 4096"),
             ("WEFT_PREFILL_WINDOWS", "99999", "1 to 4096"),
             ("WEFT_GRAPH_DIAG", "", "0 or 1"),
+            ("WEFT_NUMERICS", "quick", "exact or fast"),
         ] {
             let e = Settings::from_vars(vars(&[(var, value)]))
                 .unwrap_err()

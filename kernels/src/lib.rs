@@ -5,6 +5,9 @@
 //! typed memory and parameters and computes one op.
 
 pub mod cpu;
+mod numerics;
+
+pub use numerics::{Numerics, UnknownNumerics};
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(all(feature = "metal", target_os = "macos"))]

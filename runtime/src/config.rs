@@ -1,6 +1,7 @@
 //! Executor settings.
 
 use weft_graph::cut::CutPolicy;
+use weft_kernels::Numerics;
 
 /// A deliberate failure, for fault-injection tests: the first node whose
 /// label contains `label` fails when it runs, `after` matching nodes later
@@ -28,6 +29,9 @@ pub struct ExecutorConfig {
     pub graph_diag: bool,
     /// Run the fusion pass before scheduling (`WEFT_FUSE=0` turns it off).
     pub fuse: bool,
+    /// Whether kernels keep their fixed float order (`exact`) or may
+    /// reorder work for speed (`fast`): `--numerics`, `WEFT_NUMERICS`.
+    pub numerics: Numerics,
 }
 
 impl Default for ExecutorConfig {
@@ -40,6 +44,7 @@ impl Default for ExecutorConfig {
             fault: None,
             graph_diag: false,
             fuse: true,
+            numerics: Numerics::Exact,
         }
     }
 }

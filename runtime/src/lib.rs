@@ -40,3 +40,4 @@ pub use profile::{stage_of, Profile, Row};
 pub use session::{GraphSession, NodeTiming, SessionMode};
 pub use submission::{InFlight, SubmissionChain};
 pub use trace::{NodeSpan, Trace, TraceEvent};
+pub use weft_kernels::Numerics;

@@ -1038,7 +1038,7 @@ impl<'e> GraphSession<'e> {
                 .iter()
                 .map(&mut resolve)
                 .collect::<Result<Vec<_>, _>>()?;
-            let split = cpu::work_split(&node, threads);
+            let split = cpu::work_split_for(&node, threads, self.exec.config.numerics);
             let (label, layer) = self.label_of(i, labels);
             let fail = self.take_fault(&label);
             prepared.push(PreparedNode {

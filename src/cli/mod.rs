@@ -87,6 +87,12 @@ pub struct ModelArgs {
     /// else the CPU, saying why), `cpu`, `cuda`, `cuda:N` or `metal`.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// `exact` (every kernel in its fixed float order: the CPU's matches
+    /// llama.cpp's, CUDA's the CPU's) or `fast` (kernels may reorder float
+    /// work, e.g. decode attention split over the cache). Default:
+    /// `WEFT_NUMERICS`, else exact.
+    #[arg(long)]
+    pub numerics: Option<weft::runtime::Numerics>,
 }
 
 impl ModelArgs {
@@ -115,6 +121,7 @@ impl ModelArgs {
             reorder: self.no_reorder.then_some(false),
             fuse: self.no_fuse.then_some(false),
             layers_per_cb: self.layers_per_cb,
+            numerics: self.numerics,
             ..Default::default()
         };
         Ok(Settings::from_env()?.overlay(&flags))
@@ -133,6 +140,7 @@ impl ModelArgs {
         }
         config.graph_diag = s.graph_diag.unwrap_or(false);
         config.fuse = s.fuse.unwrap_or(true);
+        config.numerics = s.numerics.unwrap_or_default();
         Ok(GraphExecutor::with_config(self.device()?, config)?)
     }
 

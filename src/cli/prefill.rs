@@ -528,6 +528,7 @@ fn measure(run: Run, prompt: &Prompt, trace: Option<(&OutputDir, String)>) -> Re
         no_reorder: !run.reorder,
         no_fuse: false,
         backend: run.backend.clone().unwrap_or_else(|| "cpu".into()),
+        numerics: None,
     };
     let (mut exec, model) = args.load()?;
     let tokens: Vec<u32> = match prompt {

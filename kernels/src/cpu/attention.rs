@@ -49,20 +49,45 @@ fn slot_position(slot: usize, end: usize, ring: Option<u32>) -> Option<usize> {
     }
 }
 
-/// Geometry shared by the kernels.
-struct Ctx<'a> {
-    p: &'a AttentionParams,
-    k: &'a HostTensor,
-    v: &'a HostTensor,
+/// Geometry shared by the kernels (the fast ones too).
+pub(super) struct Ctx<'a> {
+    pub(super) p: &'a AttentionParams,
+    pub(super) k: &'a HostTensor,
+    pub(super) v: &'a HostTensor,
     /// Positions written (visible to the last query).
-    end: usize,
+    pub(super) end: usize,
     /// Cache slots to scan.
-    cells: usize,
-    kv_stride: usize,
+    pub(super) cells: usize,
+    pub(super) kv_stride: usize,
 }
 
-impl Ctx<'_> {
-    fn visible(&self, slot: usize, pos: usize) -> bool {
+/// Cache slots an attention over `q_rows` query rows scans.
+pub(super) fn cells(q_rows: usize, k_rows: usize, p: &AttentionParams) -> usize {
+    let end = p.q_position as usize + q_rows;
+    match p.ring {
+        Some(r) => (r as usize).min(k_rows),
+        None => end.min(k_rows),
+    }
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(
+        p: &'a AttentionParams,
+        q_rows: usize,
+        k: &'a HostTensor,
+        v: &'a HostTensor,
+    ) -> Ctx<'a> {
+        Ctx {
+            p,
+            k,
+            v,
+            end: p.q_position as usize + q_rows,
+            cells: cells(q_rows, k.tensor.rows(), p),
+            kv_stride: k.tensor.cols(),
+        }
+    }
+
+    pub(super) fn visible(&self, slot: usize, pos: usize) -> bool {
         if self.p.ring.is_none() {
             return slot <= pos && self.p.window.is_none_or(|w| pos - slot < w as usize);
         }
@@ -93,7 +118,7 @@ impl Ctx<'_> {
     }
 
     /// Does any query in `positions` see a cell of `tile`?
-    fn tile_seen(&self, tile: Range<usize>, positions: Range<usize>) -> bool {
+    pub(super) fn tile_seen(&self, tile: Range<usize>, positions: Range<usize>) -> bool {
         if self.p.ring.is_none() && !tile.is_empty() && !positions.is_empty() {
             let (first, last) = (positions.start, positions.end - 1);
             let newest_needed = tile.start <= last;
@@ -132,7 +157,7 @@ impl Ctx<'_> {
     }
 
     /// Score scale and soft-cap as ggml applies them (scale pre-divided by the cap).
-    fn scaled(&self, s: f32) -> f32 {
+    pub(super) fn scaled(&self, s: f32) -> f32 {
         if self.p.softcap != 0.0 {
             self.p.softcap * (s * (self.p.scale / self.p.softcap)).tanh()
         } else {
@@ -159,19 +184,8 @@ pub(super) unsafe fn attention(
     units: Range<usize>,
 ) -> Result<(), OpError> {
     let n = q.tensor.rows();
-    let end = p.q_position as usize + n;
-    let cells = match p.ring {
-        Some(r) => (r as usize).min(k.tensor.rows()),
-        None => end.min(k.tensor.rows()),
-    };
-    let ctx = Ctx {
-        p,
-        k,
-        v,
-        end,
-        cells,
-        kv_stride: k.tensor.cols(),
-    };
+    let ctx = Ctx::new(p, n, k, v);
+    let end = ctx.end;
     let padded = end.div_ceil(KV_PAD).max(1) * KV_PAD;
     let capacity = if p.kv_capacity > 0 {
         p.kv_capacity as usize

@@ -13,6 +13,7 @@ mod attention;
 mod compress;
 mod dsv4;
 mod elementwise;
+mod fast;
 mod fused;
 pub mod glu;
 mod hyper;
@@ -28,7 +29,9 @@ mod sink_attention;
 mod softmax;
 mod tail_rope;
 
+use crate::Numerics;
 pub use rope::angle_cache;
+use std::sync::Arc;
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
 /// A tensor resolved to host memory for one run of a command buffer.
@@ -84,11 +87,17 @@ impl HostTensor {
 
 /// How a node's work is split: `items` pieces, each `rows_per_item` units of
 /// the op's split dimension (rows, weight rows or attention rows).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct WorkSplit {
     pub items: usize,
     pub per_item: usize,
     pub total: usize,
+    /// Where the pieces of a split reduction (fast attention over chunks
+    /// of the cache) leave their partial results for the last one to
+    /// combine; one per prepared node.
+    partials: Option<Arc<fast::attention::Partials>>,
+    /// The pieces run the op's fast-numerics kernel.
+    fast: bool,
 }
 
 impl WorkSplit {
@@ -98,6 +107,22 @@ impl WorkSplit {
             items: total.div_ceil(per_item).max(1),
             per_item,
             total,
+            partials: None,
+            fast: false,
+        }
+    }
+
+    /// This split, marked as a fast-numerics kernel's.
+    fn in_fast_numerics(self) -> Self {
+        Self { fast: true, ..self }
+    }
+
+    /// `items` single-unit pieces whose results `partials` combines.
+    fn with_partials(items: usize, partials: Arc<fast::attention::Partials>) -> Self {
+        Self {
+            partials: Some(partials),
+            fast: true,
+            ..Self::new(items, 1)
         }
     }
 
@@ -141,8 +166,26 @@ pub fn supports(node: &OpNode) -> Result<(), OpError> {
     }
 }
 
-/// How `node` splits across `threads` threads.
+/// How `node` splits across `threads` threads in exact numerics.
 pub fn work_split(node: &OpNode, threads: usize) -> WorkSplit {
+    work_split_for(node, threads, Numerics::Exact)
+}
+
+/// How `node` splits across `threads` threads in `numerics`: in fast
+/// numerics an op with a fast kernel gets that kernel's split, which
+/// [`run_item`] then follows.
+pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> WorkSplit {
+    if numerics == Numerics::Fast {
+        if let Op::Attention(p) = &node.op {
+            let q_rows = node.inputs[0].rows();
+            if fast::attention::applies(q_rows, p) {
+                return fast::attention::split(q_rows, node.inputs[1].rows(), p);
+            }
+            if p.kv_heads > 0 && p.heads.is_multiple_of(p.kv_heads) {
+                return fast::attention_prefill::split(q_rows, p).in_fast_numerics();
+            }
+        }
+    }
     let threads = threads.max(1);
     let rows = node.inputs.first().map_or(1, |t| t.rows());
     match &node.op {
@@ -242,7 +285,16 @@ pub unsafe fn run_item(
             softmax::softmax(&ins[0], out, *scale, units);
             Ok(())
         }
-        Op::Attention(p) => attention::attention(&ins[0], &ins[1], &ins[2], out, p, units),
+        Op::Attention(p) => match (&split.partials, split.fast) {
+            (Some(parts), _) => {
+                fast::attention::attention(&ins[0], &ins[1], &ins[2], out, p, parts, units)
+            }
+            (None, true) => {
+                fast::attention_prefill::attention(&ins[0], &ins[1], &ins[2], out, p, units);
+                Ok(())
+            }
+            (None, false) => attention::attention(&ins[0], &ins[1], &ins[2], out, p, units),
+        },
         Op::SetRows { start, ring } => rows::set_rows(&ins[0], out, *start, *ring, units),
         Op::Argmax => {
             argmax::argmax(&ins[0], out, units);

@@ -223,7 +223,7 @@ pub fn exp_tile64(kq: &mut [f32; 64], max: f32) -> f64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -287,7 +287,7 @@ mod x86 {
 
     /// ggml's AVX-512 `ggml_v_expf`.
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn v_expf(x: __m512) -> __m512 {
+    pub(crate) unsafe fn v_expf(x: __m512) -> __m512 {
         let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
         let r = c(0x4b40_0000);
         let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
