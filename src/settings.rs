@@ -101,6 +101,25 @@ const OTHER_VARS: &[(&str, Rule, &str)] = &[
     ),
 ];
 
+/// The variables [`Settings`] reads.
+pub const SETTINGS_VARS: [&str; 7] = [
+    "WEFT_THREADS",
+    "WEFT_REORDER",
+    "WEFT_LAYERS_PER_CB",
+    "WEFT_PREFILL_WINDOWS",
+    "WEFT_GRAPH_DIAG",
+    "WEFT_FUSE",
+    "WEFT_NUMERICS",
+];
+
+/// Every variable a user can set, as [`check_environment`] checks them.
+pub fn variables() -> Vec<&'static str> {
+    let mut all = SETTINGS_VARS.to_vec();
+    all.push(ISA_ENV);
+    all.extend(OTHER_VARS.iter().map(|(var, _, _)| *var));
+    all
+}
+
 /// Checks every `WEFT_*` variable a user can set, in the process
 /// environment: [`Settings`], `WEFT_CPU_ISA` (also against this CPU), the
 /// model fetch's and the CUDA backend's. The command line calls this at
@@ -271,7 +290,28 @@ fn number<T: TryFrom<u64>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
+
+    /// docs/settings.md's first table lists exactly the variables the
+    /// command line checks, and `Settings` reads every name it claims to.
+    #[test]
+    fn the_settings_table_matches_the_code() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.md"))
+            .expect("docs/settings.md");
+        let first_table = doc.split("\n## ").next().unwrap_or("");
+        let listed: BTreeSet<&str> = first_table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .filter(|v| v.starts_with("WEFT_"))
+            .collect();
+        let code: BTreeSet<&str> = variables().into_iter().collect();
+        assert_eq!(listed, code, "docs/settings.md against src/settings.rs");
+        for var in SETTINGS_VARS {
+            let e = Settings::from_vars(vars(&[(var, "\u{1}bad")]));
+            assert!(e.is_err(), "{var} is not read by Settings");
+        }
+    }
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
         let map: HashMap<String, OsString> = pairs

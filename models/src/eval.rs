@@ -27,10 +27,12 @@ pub fn perplexity(
     ctx: usize,
     progress: &mut dyn FnMut(usize, f64),
 ) -> Result<Perplexity, ModelError> {
-    if ctx < 2 {
-        return Err(ModelError::Input(
-            "the perplexity window must be at least 2 tokens".into(),
-        ));
+    // A window scores the tokens of its second half after the first one:
+    // 3 tokens is the smallest window that scores anything.
+    if ctx < 3 {
+        return Err(ModelError::Input(format!(
+            "a perplexity window of {ctx} tokens scores nothing; it must be at least 3 tokens"
+        )));
     }
     let chunks = tokens.len() / ctx;
     if chunks == 0 {

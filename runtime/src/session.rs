@@ -1174,15 +1174,19 @@ fn schedule_nodes(
     Ok(s)
 }
 
-/// `WEFT_GRAPH_DIAG=1`: one line per command buffer.
+/// `WEFT_GRAPH_DIAG=1`: one line per command buffer on stderr (a closed
+/// or full stderr loses the line; it never fails the step).
 fn print_diag(s: &Schedule) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
     for cb in &s.command_buffers {
         let st = &cb.stats;
         let layers = match (st.first_layer, st.last_layer) {
             (Some(a), Some(b)) => format!("{a}..{b}"),
             _ => "-".into(),
         };
-        eprintln!(
+        let _ = writeln!(
+            err,
             "[graph] layers={layers} nodes={} levels={} barriers={} reordered={}",
             st.nodes, st.levels, st.barriers, st.reordered
         );

@@ -28,7 +28,7 @@
 //! The other weight formats follow the CPU's order too. Exceptions:
 //! soft-capped attention scores (CUDA's `tanhf`) and rope positions past the
 //! uploaded table (CUDA's `cosf`/`sinf`) are within a few ulp, not
-//! bit-exact. `scripts/cuda/NOTES.md` has the device measurements.
+//! bit-exact. `docs/cuda.md` describes each kernel family.
 //!
 //! Environment: [`PTX_CACHE_ENV`] (keep compiled PTX between processes),
 //! [`TABLE_POSITIONS_ENV`] (rope table length), [`F64_SUM_ENV`], [`ATTN_STAGING_ENV`], [`PDL_ENV`]
