@@ -10,6 +10,7 @@ pub mod eval;
 pub mod fetch;
 pub mod gemma3;
 pub mod gguf;
+pub mod hparams;
 pub mod llama;
 pub mod model;
 pub mod sampling;

@@ -1,9 +1,14 @@
 //! A loaded model of any supported family, with its tokenizer, and the
 //! operations every front end needs: a cache, chunked prefill, decode steps.
+//!
+//! Loading refuses a file whose metadata and tensors disagree: every tensor
+//! must be taken by the family (or be one it knows it does not run), and
+//! the tokenizer, the embedding and the output must have one vocabulary.
 
-use crate::deepseek4::DeepSeek4;
+use crate::deepseek4::{DeepSeek4, Dsv4Config};
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
+use crate::hparams::block_of;
 use crate::llama::Llama;
 use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
@@ -60,7 +65,10 @@ impl Model {
                 )))
             }
         };
+        check_all_tensors_used(&weights, &family, &arch)?;
+        drop(weights);
         let tokenizer = Tokenizer::from_gguf(&file)?;
+        check_vocab(&tokenizer, &family)?;
         let name = match file.get_str("general.name")? {
             Some(n) => n.to_string(),
             None => path
@@ -290,4 +298,57 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Refuses a tensor the family did not take, unless it is one the family
+/// knows it does not run (DeepSeek-V4's multi-token-prediction blocks).
+fn check_all_tensors_used(
+    weights: &WeightMap<'_>,
+    family: &Family,
+    arch: &str,
+) -> Result<(), ModelError> {
+    let (layers, skipped) = match family {
+        Family::Llama(m) => (m.config.layers, 0),
+        Family::Gemma3(m) => (m.config.layers, 0),
+        Family::DeepSeek4(m) => {
+            let layers = m.config.layers;
+            (layers, Dsv4Config::mtp_blocks(weights.file(), layers)?)
+        }
+    };
+    let Some(t) = weights
+        .unused()
+        .into_iter()
+        .find(|t| !block_of(&t.name).is_some_and(|b| (layers..layers + skipped).contains(&b)))
+    else {
+        return Ok(());
+    };
+    let why = match block_of(&t.name) {
+        Some(b) if b >= layers => {
+            format!("it belongs to block {b}, but `{arch}.block_count` is {layers}")
+        }
+        _ => "the file holds a tensor of a feature weft does not implement, or one too many"
+            .to_string(),
+    };
+    Err(ModelError::UnusedTensor {
+        name: t.name.clone(),
+        arch: arch.to_string(),
+        why,
+    })
+}
+
+/// The tokenizer, the token embedding and the output projection must
+/// agree on the vocabulary.
+fn check_vocab(tokenizer: &Tokenizer, family: &Family) -> Result<(), ModelError> {
+    let (embedding, output) = match family {
+        Family::Llama(m) => (m.token_embd.rows(), m.output.rows()),
+        Family::Gemma3(m) => (m.token_embd.rows(), m.output.rows()),
+        Family::DeepSeek4(m) => (m.weights.token_embd.rows(), m.weights.output.rows()),
+    };
+    let tokens = tokenizer.n_tokens();
+    if tokens != embedding || embedding != output {
+        return Err(ModelError::Shape(format!(
+            "the vocabulary disagrees: tokenizer.ggml.tokens has {tokens} tokens, token_embd.weight {embedding} rows, the output projection {output} rows"
+        )));
+    }
+    Ok(())
 }
