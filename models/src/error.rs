@@ -37,7 +37,7 @@ pub enum ModelError {
         why: String,
     },
     /// A computed value that is NaN or infinite.
-    #[error("[weft-models] {what} is not finite: {value} at index {index}{hint}")]
+    #[error("[weft-models] not finite: {what} holds {value} at index {index}{hint}")]
     NonFinite {
         what: String,
         value: f32,

@@ -8,6 +8,7 @@ pub mod deepseek4;
 mod error;
 pub mod eval;
 pub mod fetch;
+mod finite;
 pub mod gemma3;
 pub mod gguf;
 pub mod hparams;

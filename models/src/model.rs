@@ -6,6 +6,7 @@
 //! the tokenizer, the embedding and the output must have one vocabulary.
 
 use crate::deepseek4::{DeepSeek4, Dsv4Config};
+use crate::finite::LayerProbe;
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::hparams::block_of;
@@ -15,6 +16,8 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::WeightMap;
 use crate::ModelError;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use weft_ops::DType;
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
@@ -43,6 +46,11 @@ pub struct Model {
     pub arch: String,
     /// `general.name`, or the file name.
     pub name: String,
+    /// Sum every layer's output and fail a step whose sums are not finite
+    /// ([`Model::set_check_finite`]).
+    check_finite: AtomicBool,
+    /// Rows of ones of the finiteness sums, by width.
+    ones: Mutex<Vec<Tensor>>,
 }
 
 impl Model {
@@ -81,7 +89,50 @@ impl Model {
             family,
             arch,
             name,
+            check_finite: AtomicBool::new(false),
+            ones: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Turns the per-layer finiteness check on or off: when on, every step
+    /// also sums each layer's output rows (one dot product per row and
+    /// layer) and fails, naming the first layer whose output is NaN or
+    /// infinite. Off, only the logits are checked.
+    pub fn set_check_finite(&self, on: bool) {
+        self.check_finite.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the per-layer finiteness check is on.
+    pub fn check_finite(&self) -> bool {
+        self.check_finite.load(Ordering::Relaxed)
+    }
+
+    /// A row of ones `f32 [1, width]` on `exec`.
+    pub(crate) fn ones(
+        &self,
+        exec: &mut GraphExecutor,
+        width: usize,
+    ) -> Result<Tensor, ModelError> {
+        crate::finite::ones(exec, &self.ones, width)
+    }
+
+    /// The per-layer probe of a step of `rows` rows when the check is on;
+    /// `tag` tells apart the probes of steps in flight together.
+    pub(crate) fn layer_probe(
+        &self,
+        exec: &mut GraphExecutor,
+        tag: &str,
+        rows: usize,
+    ) -> Result<Option<LayerProbe>, ModelError> {
+        if !self.check_finite() {
+            return Ok(None);
+        }
+        let width = match &self.family {
+            Family::Llama(m) => m.config.hidden,
+            Family::Gemma3(m) => m.config.hidden,
+            Family::DeepSeek4(m) => m.config.hc * m.config.hidden,
+        };
+        LayerProbe::new(exec, &self.ones, tag, self.layers(), rows, width).map(Some)
     }
 
     /// Context length the model was trained for.
@@ -175,9 +226,26 @@ impl Model {
         }
         let n =
             u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
-        run_step(exec, cache, n, |s, c, span| {
-            self.record(s, c, span, tokens, rows)
-        })
+        let start = cache.position();
+        let probe = self.layer_probe(exec, "step", tokens.len())?;
+        let logits = run_step(exec, cache, n, |s, c, span| {
+            self.record_tokens(s, c, span, tokens, rows, probe.as_ref())
+        })?;
+        let hint = crate::finite::logits_hint(probe.is_some());
+        let checked = match &probe {
+            Some(p) => p.check(exec, start),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            crate::finite::check_logits(&logits, hint, || {
+                format!("the logits of the step at position {start}")
+            })
+        });
+        if let Err(e) = checked {
+            cache.poison(&e.to_string());
+            return Err(e);
+        }
+        Ok(logits)
     }
 
     /// Records one step over `tokens` at `span` into `session` without
@@ -190,10 +258,31 @@ impl Model {
         tokens: &[u32],
         rows: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_tokens(session, cache, span, tokens, rows, None)
+    }
+
+    /// [`Model::record`], summing each layer's output into `probe`.
+    fn record_tokens(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        tokens: &[u32],
+        rows: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         match &self.family {
-            Family::Llama(m) => m.record_step(session, cache, span, tokens, rows),
-            Family::Gemma3(m) => m.record_step(session, cache, span, tokens, rows),
-            Family::DeepSeek4(m) => m.record_step(session, &[cache], span.start, tokens, rows),
+            Family::Llama(m) => {
+                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
+                m.record_probed(s, cache, span, ids, rows, probe)
+            }
+            Family::Gemma3(m) => {
+                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
+                m.record_probed(s, cache, span, ids, rows, probe)
+            }
+            Family::DeepSeek4(m) => {
+                m.record_step_probed(s, &[cache], span.start, tokens, rows, probe)
+            }
         }
     }
 
@@ -208,9 +297,22 @@ impl Model {
         ids: Tensor,
         rows: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_ids_probed(session, cache, span, ids, rows, None)
+    }
+
+    /// [`Model::record_ids`], summing each layer's output into `probe`.
+    pub(crate) fn record_ids_probed(
+        &self,
+        session: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        rows: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         match &self.family {
-            Family::Llama(m) => m.record_ids(session, cache, span, ids, rows),
-            Family::Gemma3(m) => m.record_ids(session, cache, span, ids, rows),
+            Family::Llama(m) => m.record_probed(session, cache, span, ids, rows, probe),
+            Family::Gemma3(m) => m.record_probed(session, cache, span, ids, rows, probe),
             Family::DeepSeek4(m) => {
                 if span.tokens != 1 {
                     return Err(ModelError::Unsupported(format!(
@@ -218,7 +320,7 @@ impl Model {
                         span.tokens
                     )));
                 }
-                m.record_ids(session, cache, span.start, ids, rows)
+                m.record_ids_probed(session, cache, span.start, ids, rows, probe)
             }
         }
     }

@@ -57,9 +57,17 @@ impl DeepSeek4 {
         if n == 0 {
             return Err(ModelError::Input("a step needs at least one token".into()));
         }
-        run_step(exec, cache, n, |s, kv, span| {
+        let start = cache.position();
+        let logits = run_step(exec, cache, n, |s, kv, span| {
             self.record_step(s, &[kv], span.start, tokens, rows)
-        })
+        })?;
+        if let Err(e) = crate::finite::check_logits(&logits, crate::finite::LOGITS_HINT, || {
+            format!("the logits of the step at position {start}")
+        }) {
+            cache.poison(&e.to_string());
+            return Err(e);
+        }
+        Ok(logits)
     }
 
     /// Prefills `tokens` in chunks (`policy`, capped by the cache's chunk
