@@ -13,6 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    weft::models::gguf::install_truncation_guard();
     let args = cli::Cli::parse();
     match cli::dispatch(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
