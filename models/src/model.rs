@@ -57,6 +57,20 @@ impl Model {
     /// Opens `path`, maps its weights into `exec` and builds its tokenizer.
     pub fn load(path: &Path, exec: &mut GraphExecutor) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
+        let file_name = path
+            .file_name()
+            .map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned());
+        Model::from_file(file, &file_name, exec)
+    }
+
+    /// A model from a GGUF file already open (or built in memory, as
+    /// [`GgufFile::from_bytes`] does), mapped into `exec`; `fallback_name`
+    /// names it when the file has no `general.name`.
+    pub fn from_file(
+        file: GgufFile,
+        fallback_name: &str,
+        exec: &mut GraphExecutor,
+    ) -> Result<Model, ModelError> {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
@@ -79,9 +93,7 @@ impl Model {
         check_vocab(&tokenizer, &family)?;
         let name = match file.get_str("general.name")? {
             Some(n) => n.to_string(),
-            None => path
-                .file_name()
-                .map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned()),
+            None => fallback_name.to_string(),
         };
         Ok(Model {
             file,

@@ -322,8 +322,10 @@ impl Dsv4Config {
                 || c.indexer_dim < c.rope_dims)
         {
             return Err(shape(format!(
-                "CSA layers need an indexer: {} heads of {}, top-k {} (rope dims {})",
-                c.indexer_heads, c.indexer_dim, c.indexer_top_k, c.rope_dims
+                "CSA layers need an indexer: deepseek4.attention.indexer.head_count {}, \
+                 deepseek4.attention.indexer.key_length {} (at least the rope dims {}), \
+                 deepseek4.attention.indexer.top_k {}: all must be positive",
+                c.indexer_heads, c.indexer_dim, c.rope_dims, c.indexer_top_k
             )));
         }
         Ok(())

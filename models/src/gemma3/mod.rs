@@ -109,7 +109,7 @@ impl Gemma3Config {
         let kv_heads = hp.width("attention.head_count_kv", Some(heads))?;
         if !heads.is_multiple_of(kv_heads) {
             return Err(ModelError::Shape(format!(
-                "gemma3: {heads} query heads over {kv_heads} kv heads"
+                "gemma3.attention.head_count = {heads} query heads over gemma3.attention.head_count_kv = {kv_heads} kv heads: the kv heads must divide the heads"
             )));
         }
         let head_dim = hp.width("attention.key_length", Some((hidden / heads).max(1)))?;

@@ -37,7 +37,11 @@ impl LlamaConfig {
         let kv_heads = hp.width("attention.head_count_kv", Some(heads))?;
         if !heads.is_multiple_of(kv_heads) || !hidden.is_multiple_of(heads) {
             return Err(ModelError::Shape(format!(
-                "{heads} heads over {kv_heads} kv heads with hidden size {hidden}"
+                "{} = {heads} heads over {} = {kv_heads} kv heads with {} = {hidden}: \
+                 the kv heads must divide the heads, the heads the width",
+                key("attention.head_count"),
+                key("attention.head_count_kv"),
+                key("embedding_length"),
             )));
         }
         let head_dim = hp.width("attention.key_length", Some(hidden / heads))?;
@@ -85,7 +89,7 @@ impl LlamaConfig {
         let vocab = hp.count(
             "vocab_size",
             Some(n_tokens),
-            0,
+            1,
             MAX_WIDTH,
             "hard limit of a width",
         )?;
