@@ -1,6 +1,6 @@
 //! Hostile model files: metadata values and tensor tables mutated on real
-//! files (SmolLM2-135M and the DeepSeek-V4 tiny fixture), loaded and run in
-//! process.
+//! files (SmolLM2-135M, Gemma 3 270M when it can be fetched, and the
+//! DeepSeek-V4 tiny fixture), loaded and run in process.
 //!
 //! `models/tests/gguf_fuzz.rs` covers the file structure (every corrupt
 //! layout is refused by the reader); these cases keep the structure valid
@@ -583,6 +583,53 @@ fn dsv4_cases() -> Vec<Case> {
     c
 }
 
+fn gemma3_cases() -> Vec<Case> {
+    use Edit::*;
+    use Expect::*;
+    let mut c = Vec::new();
+    refused_counts("gemma3.block_count", &[0, 19, BIG], &mut c);
+    c.push(case(
+        vec![Set("gemma3.block_count", u(17))],
+        Refused(vec!["blk.17."]),
+    ));
+    refused_counts("gemma3.attention.sliding_window", &[0, BIG], &mut c);
+    refused_counts("gemma3.rope.dimension_count", &[255], &mut c);
+    refused_floats(
+        "gemma3.attention.layer_norm_rms_epsilon",
+        &[f32::NAN],
+        &mut c,
+    );
+    refused_floats("gemma3.rope.freq_base", &[-1.0], &mut c);
+    refused_floats("gemma3.rope.freq_base_swa", &[0.0], &mut c);
+    refused_counts("tokenizer.ggml.bos_token_id", &[262_144], &mut c);
+    c.push(case(
+        vec![SetElement("tokenizer.ggml.token_type", 7, Value::I32(9))],
+        Refused(vec!["tokenizer.ggml.token_type"]),
+    ));
+    c.push(case(
+        vec![DropTensor("blk.4.post_ffw_norm.weight")],
+        Refused(vec!["blk.4.post_ffw_norm.weight"]),
+    ));
+    c.push(case(
+        vec![AddTensor("blk.0.attn_sinks.weight", 4)],
+        Refused(vec!["blk.0.attn_sinks.weight"]),
+    ));
+    // Harmless: the defaults, spelled out.
+    c.push(case(
+        vec![Set("general.name", Value::from("renamed"))],
+        Same,
+    ));
+    c.push(case(
+        vec![Set("gemma3.attention.sliding_window_pattern", u(6))],
+        Same,
+    ));
+    c.push(case(
+        vec![Set("gemma3.final_logit_softcapping", f(0.0))],
+        Same,
+    ));
+    c
+}
+
 fn report(tally: &Tally) {
     eprintln!(
         "hostile GGUF cases: {} tried, {} clean errors, {} correct results, {} panics, {} hangs, {} wrong",
@@ -625,6 +672,22 @@ fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
             eprintln!("SmolLM2 cases skipped: the model is not available ({e})");
         }
         Err(e) => panic!("the SmolLM2 model is required: {e}"),
+    }
+    match weft::models::fetch::ensure(&weft::models::fetch::GEMMA3_270M_Q4_K_M, &mut |_| {}) {
+        Ok(path) => {
+            let file = Arc::new(GgufFile::open(&path).expect("Gemma 3"));
+            run_cases(
+                "gemma3",
+                file,
+                &[2, 100, 200, 300, 400],
+                gemma3_cases(),
+                &mut tally,
+            );
+        }
+        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+            eprintln!("Gemma 3 cases skipped: the model is not available ({e})");
+        }
+        Err(e) => panic!("the Gemma 3 model is required: {e}"),
     }
     report(&tally);
     assert!(
