@@ -20,6 +20,7 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     reserve_standard_fds();
+    weft::models::gguf::install_truncation_guard();
     let args = cli::Cli::parse();
     let result = weft::settings::check_environment()
         .map_err(anyhow::Error::from)

@@ -21,4 +21,27 @@ pub enum ModelError {
     Unsupported(String),
     #[error("[weft-models] {0}")]
     Input(String),
+    /// A metadata value outside the range where it means something.
+    #[error("[weft-models] metadata key `{key}` is {value}; accepted: {accepted}")]
+    Metadata {
+        key: String,
+        value: String,
+        accepted: String,
+    },
+    /// A tensor of the file that the model family neither uses nor knows
+    /// to be unused: the metadata and the tensors disagree.
+    #[error("[weft-models] tensor `{name}` of the file is not used by the {arch} model its metadata describes ({why})")]
+    UnusedTensor {
+        name: String,
+        arch: String,
+        why: String,
+    },
+    /// A computed value that is NaN or infinite.
+    #[error("[weft-models] not finite: {what} holds {value} at index {index}{hint}")]
+    NonFinite {
+        what: String,
+        value: f32,
+        index: usize,
+        hint: &'static str,
+    },
 }

@@ -1,10 +1,16 @@
 //! A loaded model of any supported family, with its tokenizer, and the
 //! operations every front end needs: a cache, chunked prefill, decode steps.
+//!
+//! Loading refuses a file whose metadata and tensors disagree: every tensor
+//! must be taken by the family (or be one it knows it does not run), and
+//! the tokenizer, the embedding and the output must have one vocabulary.
 
-use crate::deepseek4::DeepSeek4;
+use crate::deepseek4::{DeepSeek4, Dsv4Config};
+use crate::finite::LayerProbe;
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::identity::GgufDigest;
+use crate::hparams::block_of;
 use crate::llama::Llama;
 use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
@@ -12,6 +18,8 @@ use crate::weights::WeightMap;
 use crate::ModelError;
 use std::path::Path;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use weft_ops::DType;
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
@@ -42,12 +50,31 @@ pub struct Model {
     pub name: String,
     /// The file's digest, hashed on first use (`Model::gguf_digest`).
     pub(crate) digest: OnceLock<GgufDigest>,
+    /// Sum every layer's output and fail a step whose sums are not finite
+    /// ([`Model::set_check_finite`]).
+    check_finite: AtomicBool,
+    /// Rows of ones of the finiteness sums, by width.
+    ones: Mutex<Vec<Tensor>>,
 }
 
 impl Model {
     /// Opens `path`, maps its weights into `exec` and builds its tokenizer.
     pub fn load(path: &Path, exec: &mut GraphExecutor) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
+        let file_name = path
+            .file_name()
+            .map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned());
+        Model::from_file(file, &file_name, exec)
+    }
+
+    /// A model from a GGUF file already open (or built in memory, as
+    /// [`GgufFile::from_bytes`] does), mapped into `exec`; `fallback_name`
+    /// names it when the file has no `general.name`.
+    pub fn from_file(
+        file: GgufFile,
+        fallback_name: &str,
+        exec: &mut GraphExecutor,
+    ) -> Result<Model, ModelError> {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
@@ -64,12 +91,13 @@ impl Model {
                 )))
             }
         };
+        check_all_tensors_used(&weights, &family, &arch)?;
+        drop(weights);
         let tokenizer = Tokenizer::from_gguf(&file)?;
+        check_vocab(&tokenizer, &family)?;
         let name = match file.get_str("general.name")? {
             Some(n) => n.to_string(),
-            None => path
-                .file_name()
-                .map_or_else(|| "model".into(), |f| f.to_string_lossy().into_owned()),
+            None => fallback_name.to_string(),
         };
         Ok(Model {
             file,
@@ -78,7 +106,50 @@ impl Model {
             arch,
             name,
             digest: OnceLock::new(),
+            check_finite: AtomicBool::new(false),
+            ones: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Turns the per-layer finiteness check on or off: when on, every step
+    /// also sums each layer's output rows (one dot product per row and
+    /// layer) and fails, naming the first layer whose output is NaN or
+    /// infinite. Off, only the logits are checked.
+    pub fn set_check_finite(&self, on: bool) {
+        self.check_finite.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the per-layer finiteness check is on.
+    pub fn check_finite(&self) -> bool {
+        self.check_finite.load(Ordering::Relaxed)
+    }
+
+    /// A row of ones `f32 [1, width]` on `exec`.
+    pub(crate) fn ones(
+        &self,
+        exec: &mut GraphExecutor,
+        width: usize,
+    ) -> Result<Tensor, ModelError> {
+        crate::finite::ones(exec, &self.ones, width)
+    }
+
+    /// The per-layer probe of a step of `rows` rows when the check is on;
+    /// `tag` tells apart the probes of steps in flight together.
+    pub(crate) fn layer_probe(
+        &self,
+        exec: &mut GraphExecutor,
+        tag: &str,
+        rows: usize,
+    ) -> Result<Option<LayerProbe>, ModelError> {
+        if !self.check_finite() {
+            return Ok(None);
+        }
+        let width = match &self.family {
+            Family::Llama(m) => m.config.hidden,
+            Family::Gemma3(m) => m.config.hidden,
+            Family::DeepSeek4(m) => m.config.hc * m.config.hidden,
+        };
+        LayerProbe::new(exec, &self.ones, tag, self.layers(), rows, width).map(Some)
     }
 
     /// Context length the model was trained for.
@@ -172,9 +243,26 @@ impl Model {
         }
         let n =
             u32::try_from(tokens.len()).map_err(|_| ModelError::Input("too many tokens".into()))?;
-        run_step(exec, cache, n, |s, c, span| {
-            self.record(s, c, span, tokens, rows)
-        })
+        let start = cache.position();
+        let probe = self.layer_probe(exec, "step", tokens.len())?;
+        let logits = run_step(exec, cache, n, |s, c, span| {
+            self.record_tokens(s, c, span, tokens, rows, probe.as_ref())
+        })?;
+        let hint = crate::finite::logits_hint(probe.is_some());
+        let checked = match &probe {
+            Some(p) => p.check(exec, start),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            crate::finite::check_logits(&logits, hint, || {
+                format!("the logits of the step at position {start}")
+            })
+        });
+        if let Err(e) = checked {
+            cache.poison(&e.to_string());
+            return Err(e);
+        }
+        Ok(logits)
     }
 
     /// Records one step over `tokens` at `span` into `session` without
@@ -187,10 +275,31 @@ impl Model {
         tokens: &[u32],
         rows: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_tokens(session, cache, span, tokens, rows, None)
+    }
+
+    /// [`Model::record`], summing each layer's output into `probe`.
+    fn record_tokens(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        tokens: &[u32],
+        rows: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         match &self.family {
-            Family::Llama(m) => m.record_step(session, cache, span, tokens, rows),
-            Family::Gemma3(m) => m.record_step(session, cache, span, tokens, rows),
-            Family::DeepSeek4(m) => m.record_step(session, &[cache], span.start, tokens, rows),
+            Family::Llama(m) => {
+                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
+                m.record_probed(s, cache, span, ids, rows, probe)
+            }
+            Family::Gemma3(m) => {
+                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
+                m.record_probed(s, cache, span, ids, rows, probe)
+            }
+            Family::DeepSeek4(m) => {
+                m.record_step_probed(s, &[cache], span.start, tokens, rows, probe)
+            }
         }
     }
 
@@ -205,9 +314,22 @@ impl Model {
         ids: Tensor,
         rows: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_ids_probed(session, cache, span, ids, rows, None)
+    }
+
+    /// [`Model::record_ids`], summing each layer's output into `probe`.
+    pub(crate) fn record_ids_probed(
+        &self,
+        session: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        rows: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         match &self.family {
-            Family::Llama(m) => m.record_ids(session, cache, span, ids, rows),
-            Family::Gemma3(m) => m.record_ids(session, cache, span, ids, rows),
+            Family::Llama(m) => m.record_probed(session, cache, span, ids, rows, probe),
+            Family::Gemma3(m) => m.record_probed(session, cache, span, ids, rows, probe),
             Family::DeepSeek4(m) => {
                 if span.tokens != 1 {
                     return Err(ModelError::Unsupported(format!(
@@ -215,7 +337,7 @@ impl Model {
                         span.tokens
                     )));
                 }
-                m.record_ids(session, cache, span.start, ids, rows)
+                m.record_ids_probed(session, cache, span.start, ids, rows, probe)
             }
         }
     }
@@ -295,4 +417,57 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Refuses a tensor the family did not take, unless it is one the family
+/// knows it does not run (DeepSeek-V4's multi-token-prediction blocks).
+fn check_all_tensors_used(
+    weights: &WeightMap<'_>,
+    family: &Family,
+    arch: &str,
+) -> Result<(), ModelError> {
+    let (layers, skipped) = match family {
+        Family::Llama(m) => (m.config.layers, 0),
+        Family::Gemma3(m) => (m.config.layers, 0),
+        Family::DeepSeek4(m) => {
+            let layers = m.config.layers;
+            (layers, Dsv4Config::mtp_blocks(weights.file(), layers)?)
+        }
+    };
+    let Some(t) = weights
+        .unused()
+        .into_iter()
+        .find(|t| !block_of(&t.name).is_some_and(|b| (layers..layers + skipped).contains(&b)))
+    else {
+        return Ok(());
+    };
+    let why = match block_of(&t.name) {
+        Some(b) if b >= layers => {
+            format!("it belongs to block {b}, but `{arch}.block_count` is {layers}")
+        }
+        _ => "the file holds a tensor of a feature weft does not implement, or one too many"
+            .to_string(),
+    };
+    Err(ModelError::UnusedTensor {
+        name: t.name.clone(),
+        arch: arch.to_string(),
+        why,
+    })
+}
+
+/// The tokenizer, the token embedding and the output projection must
+/// agree on the vocabulary.
+fn check_vocab(tokenizer: &Tokenizer, family: &Family) -> Result<(), ModelError> {
+    let (embedding, output) = match family {
+        Family::Llama(m) => (m.token_embd.rows(), m.output.rows()),
+        Family::Gemma3(m) => (m.token_embd.rows(), m.output.rows()),
+        Family::DeepSeek4(m) => (m.weights.token_embd.rows(), m.weights.output.rows()),
+    };
+    let tokens = tokenizer.n_tokens();
+    if tokens != embedding || embedding != output {
+        return Err(ModelError::Shape(format!(
+            "the vocabulary disagrees: tokenizer.ggml.tokens has {tokens} tokens, token_embd.weight {embedding} rows, the output projection {output} rows"
+        )));
+    }
+    Ok(())
 }

@@ -1,8 +1,12 @@
 //! Weights as tensors: the GGUF file is mapped once into a read-only buffer
 //! of the executor and every weight is a view into it (no copy on the CPU).
+//! The map remembers which tensors a model family took, so the loader can
+//! refuse a file whose tensors its metadata does not account for.
 
 use crate::gguf::{GgufBytes, GgufFile, TensorInfo};
 use crate::ModelError;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::sync::Arc;
 use weft_graph::BufferId;
 use weft_ops::{DType, Shape, Tensor};
@@ -18,13 +22,19 @@ impl HostBytes for GgufBytes {
 pub struct WeightMap<'f> {
     file: &'f GgufFile,
     buffer: BufferId,
+    /// Names of the tensors handed out so far.
+    used: RefCell<HashSet<String>>,
 }
 
 impl<'f> WeightMap<'f> {
     /// Maps `file` into `exec` as one read-only buffer (uploaded once to a GPU).
     pub fn new(file: &'f GgufFile, exec: &mut GraphExecutor) -> Result<WeightMap<'f>, ModelError> {
         let buffer = exec.map_bytes(Arc::new(file.shared_bytes()), "weights")?;
-        Ok(WeightMap { file, buffer })
+        Ok(WeightMap {
+            file,
+            buffer,
+            used: RefCell::new(HashSet::new()),
+        })
     }
 
     /// The weight `name`, shaped outermost-first (GGUF's dims reversed).
@@ -56,7 +66,19 @@ impl<'f> WeightMap<'f> {
         Ok(t)
     }
 
+    /// The tensors of the file no `get`, `optional` or `expect` took, in
+    /// file order.
+    pub fn unused(&self) -> Vec<&'f TensorInfo> {
+        let used = self.used.borrow();
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| !used.contains(&t.name))
+            .collect()
+    }
+
     fn tensor(&self, info: &TensorInfo) -> Result<Tensor, ModelError> {
+        self.used.borrow_mut().insert(info.name.clone());
         let dims: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         if dims.is_empty() || dims.len() > 4 {
             return Err(ModelError::Shape(format!(
@@ -80,6 +102,29 @@ impl<'f> WeightMap<'f> {
     pub fn file(&self) -> &GgufFile {
         self.file
     }
+}
+
+/// The output projection `output`, checked against the token embedding:
+/// one row per token of the same vocabulary, `hidden` columns.
+pub(crate) fn check_output(
+    output: Tensor,
+    token_embd: Tensor,
+    hidden: usize,
+) -> Result<Tensor, ModelError> {
+    if output.rows() != token_embd.rows() || output.cols() != hidden {
+        return Err(ModelError::Shape(format!(
+            "output.weight has shape {:?}, expected [{}, {hidden}] (the vocabulary of token_embd.weight by the hidden size)",
+            output.shape.dims(),
+            token_embd.rows()
+        )));
+    }
+    if !is_supported_matrix(output.dtype) {
+        return Err(ModelError::Unsupported(format!(
+            "output.weight is {}",
+            output.dtype
+        )));
+    }
+    Ok(output)
 }
 
 /// True for weight types the CPU backend multiplies with.

@@ -575,6 +575,35 @@ fn duplicate_tensor_names_are_refused() {
 }
 
 #[test]
+fn tensors_whose_data_overlap_are_refused_naming_both() {
+    // `a` is 16 f32 at 0..64; `b` (8 f32) starts at `b_offset`.
+    let overlapping = |b_offset: u64, b_len: u64| {
+        Raw::header(3, 2, 0)
+            .tensor("blk.0.a", &[16], 0, 0)
+            .tensor("blk.0.b", &[b_len], 0, b_offset)
+            .pad(32)
+            .bytes(&[0; 128])
+    };
+    let err = overlapping(32, 8).error();
+    assert_names(
+        &err,
+        &["`blk.0.b`", "`blk.0.a`", "overlaps", "bytes of its own"],
+    );
+    assert_names(
+        &overlapping(0, 8).error(),
+        &["`blk.0.a`", "`blk.0.b`", "overlaps"],
+    );
+    // Adjacent is fine, and so is an empty tensor anywhere.
+    assert!(GgufFile::from_bytes(overlapping(64, 8).0).is_ok());
+    let empty = Raw::header(3, 2, 0)
+        .tensor("blk.0.a", &[16], 0, 0)
+        .tensor("blk.0.e", &[0], 0, 32)
+        .pad(32)
+        .bytes(&[0; 64]);
+    assert!(GgufFile::from_bytes(empty.0).is_ok());
+}
+
+#[test]
 fn errors_are_typed() {
     let err =
         GgufFile::from_bytes(Raw::header(3, 0, 1).kv_u32("general.alignment", 0).0).unwrap_err();

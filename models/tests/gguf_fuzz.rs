@@ -2,7 +2,8 @@
 //!
 //! Each case flips bits, overwrites bytes, splices huge length values,
 //! inserts, deletes or truncates, then parses. The reader must return `Ok`
-//! or `Err` without panicking, and its peak heap use while parsing must stay
+//! (a file whose tensors lie inside it, apart from each other) or `Err`
+//! without panicking, and its peak heap use while parsing must stay
 //! within a small multiple of the input size (a counting allocator measures
 //! it per thread). `PROPTEST_CASES` overrides the case count (CI keeps the
 //! default, a few seconds).
@@ -191,6 +192,16 @@ fn exercise(file: &GgufFile) {
         let _ = file.get_u32_array(key);
         let _ = file.get_f32_array(key);
         let _ = file.get(key).map(ToString::to_string);
+    }
+    let mut ranges: Vec<(u64, u64)> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.bytes > 0)
+        .map(|t| (t.offset, t.offset + t.bytes))
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "tensor data overlaps: {pair:?}");
     }
     for t in file.tensors() {
         assert_eq!(file.tensor_data(t).len() as u64, t.bytes, "{}", t.name);

@@ -77,11 +77,17 @@ pub struct RunArgs {
     ctx: Option<u32>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// Sum every layer's output at each step and fail, naming the first
+    /// layer whose output is NaN or infinite (always on in debug builds;
+    /// without it only the logits are checked).
+    #[arg(long)]
+    check_finite: bool,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let diag = a.diag.open()?;
     let (mut exec, model) = a.model.load()?;
+    model.set_check_finite(a.check_finite || cfg!(debug_assertions));
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => model.tokenizer.encode(text),

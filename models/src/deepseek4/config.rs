@@ -4,11 +4,24 @@
 //! plain; compressed layers: their own base with YaRN).
 
 use crate::gguf::GgufFile;
+use crate::hparams::{bad_value, FloatRange, Hparams};
 use crate::ModelError;
 use weft_ops::dsv4::{TailRopeParams, YarnScaling};
 
 /// `expert_gating_func` code for `sqrt(softplus(logit))` scores.
 pub const GATING_SQRT_SOFTPLUS: u32 = 4;
+
+/// Most compressed rows a CSA query may keep (`attention.indexer.top_k`),
+/// whatever the context: 16 times DeepSeek-V4 Flash's 512. Each query's
+/// selection is a row of this many ids, so the bound keeps a step's
+/// selection within a few hundred MiB.
+pub const MAX_INDEXER_TOP_K: usize = 8192;
+
+/// Most Sinkhorn iterations of a hyper-connection mixer
+/// (`hyper_connection.sinkhorn_iterations`): 50 times DeepSeek-V4's 20.
+/// The normalisation converges long before; the bound keeps a step's work
+/// finite.
+pub const MAX_SINKHORN_ITERATIONS: usize = 1000;
 
 /// What a layer's attention sees besides its window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,29 +106,26 @@ fn shape(msg: String) -> ModelError {
 impl Dsv4Config {
     /// Reads and checks the config of a `deepseek4` file.
     pub fn from_gguf(file: &GgufFile) -> Result<Dsv4Config, ModelError> {
-        let key = |k: &str| format!("deepseek4.{k}");
-        let req =
-            |k: &str| -> Result<usize, ModelError> { Ok(file.require_u32(&key(k))? as usize) };
-        let opt = |k: &str, default: usize| -> Result<usize, ModelError> {
-            Ok(file.get_u32(&key(k))?.map_or(default, |v| v as usize))
-        };
-        let optf = |k: &str, default: f32| -> Result<f32, ModelError> {
-            Ok(file.get_f32(&key(k))?.unwrap_or(default))
-        };
-        let layers = req("block_count")?;
-        let hidden = req("embedding_length")?;
-        let heads = req("attention.head_count")?;
-        let head_dim = req("attention.key_length")?;
-        let value_len = opt("attention.value_length", head_dim)?;
-        let kv_heads = opt("attention.head_count_kv", 1)?;
+        let hp = Hparams::new(file, "deepseek4");
+        let key = |k: &str| hp.key(k);
+        let width = |k: &str| hp.width(k, None);
+        let optf = |k: &str, default: f32, range: FloatRange| hp.float(k, default, range);
+        let layers = hp.block_count()?;
+        let hidden = width("embedding_length")?;
+        let heads = width("attention.head_count")?;
+        let head_dim = width("attention.key_length")?;
+        let value_len = hp.width("attention.value_length", Some(head_dim))?;
+        let kv_heads = hp.width("attention.head_count_kv", Some(1))?;
         if value_len != head_dim || kv_heads != 1 {
             return Err(ModelError::Unsupported(format!(
                 "deepseek4 with {kv_heads} kv heads, key length {head_dim}, value length {value_len} (the architecture shares one K=V head)"
             )));
         }
+        let context = hp.context(1 << 20)?;
+        let ratios_key = key("attention.compress_ratios");
         let ratios_all = file
-            .get_u32_array(&key("attention.compress_ratios"))?
-            .ok_or_else(|| shape("missing deepseek4.attention.compress_ratios".into()))?;
+            .get_u32_array(&ratios_key)?
+            .ok_or_else(|| shape(format!("missing {ratios_key}")))?;
         if ratios_all.len() < layers {
             return Err(shape(format!(
                 "attention.compress_ratios has {} entries for {layers} layers",
@@ -123,13 +133,33 @@ impl Dsv4Config {
             )));
         }
         let ratios = ratios_all[..layers].to_vec();
+        // A ratio is the row count of its compressor's position bias, and
+        // a compressed row needs that many tokens of context.
+        let ratio_max = hp.widest().min(context as usize);
+        if let Some((l, r)) = ratios
+            .iter()
+            .enumerate()
+            .find(|(_, &r)| r as usize > ratio_max)
+        {
+            return Err(bad_value(
+                &ratios_key,
+                format!("{r} at layer {l}"),
+                format!("ratios from 0 to {ratio_max} (the widest tensor and the context length)"),
+            ));
+        }
         let yarn = match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => None,
             Some("yarn") => Some(YarnScaling {
-                factor: optf("rope.scaling.factor", 1.0)?,
-                orig_ctx: opt("rope.scaling.original_context_length", 0)? as u32,
-                beta_fast: optf("rope.scaling.yarn_beta_fast", 32.0)?,
-                beta_slow: optf("rope.scaling.yarn_beta_slow", 1.0)?,
+                factor: optf("rope.scaling.factor", 1.0, FloatRange::Positive)?,
+                orig_ctx: hp.count(
+                    "rope.scaling.original_context_length",
+                    Some(context as usize),
+                    1,
+                    u32::MAX as usize,
+                    "a token position is a u32",
+                )? as u32,
+                beta_fast: optf("rope.scaling.yarn_beta_fast", 32.0, FloatRange::Positive)?,
+                beta_slow: optf("rope.scaling.yarn_beta_slow", 1.0, FloatRange::Positive)?,
             }),
             Some(other) => {
                 return Err(ModelError::Unsupported(format!(
@@ -137,70 +167,97 @@ impl Dsv4Config {
                 )))
             }
         };
-        let per_layer = |k: &str| -> Result<Vec<f32>, ModelError> {
-            let v = file
-                .get_f32_array(&key(k))?
-                .map(|v| v.into_owned())
-                .unwrap_or_else(|| vec![0.0; layers]);
-            if v.len() < layers {
-                return Err(shape(format!(
-                    "{k} has {} entries for {layers} layers",
-                    v.len()
-                )));
-            }
-            Ok(v[..layers].to_vec())
-        };
-        let gating = opt("expert_gating_func", GATING_SQRT_SOFTPLUS as usize)? as u32;
-        if gating != GATING_SQRT_SOFTPLUS {
+        let gating = hp.count(
+            "expert_gating_func",
+            Some(GATING_SQRT_SOFTPLUS as usize),
+            0,
+            u32::MAX as usize,
+            "a u32 code",
+        )?;
+        if gating != GATING_SQRT_SOFTPLUS as usize {
             return Err(ModelError::Unsupported(format!(
                 "deepseek4 expert_gating_func {gating} (weft implements {GATING_SQRT_SOFTPLUS}, sqrt(softplus))"
             )));
         }
-        let groups = opt("expert_group_count", 0)?;
+        let groups = hp.width_or_zero("expert_group_count", 0)?;
         if groups > 1 {
             return Err(ModelError::Unsupported(format!(
                 "deepseek4 group-limited routing ({groups} groups)"
             )));
         }
-        let vocab = match file.get_u32(&key("vocab_size"))? {
-            Some(v) => v as usize,
-            None => file
-                .get_str_array("tokenizer.ggml.tokens")?
-                .map_or(0, |t| t.len()),
-        };
+        let n_tokens = file
+            .get_str_array("tokenizer.ggml.tokens")?
+            .map_or(0, |t| t.len());
+        let vocab = hp.width("vocab_size", Some(n_tokens))?;
+        let experts = width("expert_count")?;
+        let indexer_heads = hp.width_or_zero("attention.indexer.head_count", 0)?;
+        let indexer_dim = hp.width_or_zero("attention.indexer.key_length", 0)?;
+        let top_k_max = (context as usize / 4).clamp(1, MAX_INDEXER_TOP_K);
+        let indexer_top_k = hp.count(
+            "attention.indexer.top_k",
+            Some(0),
+            0,
+            top_k_max,
+            &format!("at most the compressed rows of the context, and at most {MAX_INDEXER_TOP_K}"),
+        )?;
         let c = Dsv4Config {
             layers,
             hidden,
             vocab,
             heads,
             head_dim,
-            rope_dims: req("rope.dimension_count")?,
-            q_lora: req("attention.q_lora_rank")?,
-            out_groups: req("attention.output_group_count")?,
-            out_rank: req("attention.output_lora_rank")?,
-            window: req("attention.sliding_window")? as u32,
+            rope_dims: hp.rope_dims(head_dim)?,
+            q_lora: width("attention.q_lora_rank")?,
+            out_groups: width("attention.output_group_count")?,
+            out_rank: width("attention.output_lora_rank")?,
+            window: hp.count(
+                "attention.sliding_window",
+                None,
+                1,
+                context as usize,
+                "the trained context length",
+            )? as u32,
             ratios,
-            rope_base: optf("rope.freq_base", 10000.0)?,
-            compress_rope_base: optf("attention.compress_rope_freq_base", 160000.0)?,
+            rope_base: optf("rope.freq_base", 10000.0, FloatRange::AboveOne)?,
+            compress_rope_base: optf(
+                "attention.compress_rope_freq_base",
+                160000.0,
+                FloatRange::AboveOne,
+            )?,
             yarn,
-            indexer_heads: opt("attention.indexer.head_count", 0)?,
-            indexer_dim: opt("attention.indexer.key_length", 0)?,
-            indexer_top_k: opt("attention.indexer.top_k", 0)?,
-            rms_eps: optf("attention.layer_norm_rms_epsilon", 1e-6)?,
-            experts: req("expert_count")?,
-            experts_used: req("expert_used_count")?,
-            expert_ff: req("expert_feed_forward_length")?,
-            routed_scale: optf("expert_weights_scale", 1.0)?,
+            indexer_heads,
+            indexer_dim,
+            indexer_top_k,
+            rms_eps: optf(
+                "attention.layer_norm_rms_epsilon",
+                1e-6,
+                FloatRange::Epsilon,
+            )?,
+            experts,
+            experts_used: hp.count("expert_used_count", None, 1, experts, "the expert count")?,
+            expert_ff: width("expert_feed_forward_length")?,
+            routed_scale: optf("expert_weights_scale", 1.0, FloatRange::Positive)?,
             weights_norm: file.get_bool(&key("expert_weights_norm"))?.unwrap_or(true),
-            hash_layers: opt("hash_layer_count", 0)?,
-            clamp_exp: per_layer("swiglu_clamp_exp")?,
-            clamp_shexp: per_layer("swiglu_clamp_shexp")?,
-            hc: req("hyper_connection.count")?,
-            sinkhorn_iters: opt("hyper_connection.sinkhorn_iterations", 20)?,
-            hc_eps: optf("hyper_connection.epsilon", 1e-6)?,
-            context: opt("context_length", 1 << 20)? as u32,
+            hash_layers: hp.count("hash_layer_count", Some(0), 0, layers, "the block count")?,
+            clamp_exp: hp.layer_floats("swiglu_clamp_exp", layers, 0.0, FloatRange::NonNegative)?,
+            clamp_shexp: hp.layer_floats(
+                "swiglu_clamp_shexp",
+                layers,
+                0.0,
+                FloatRange::NonNegative,
+            )?,
+            hc: width("hyper_connection.count")?,
+            sinkhorn_iters: hp.count(
+                "hyper_connection.sinkhorn_iterations",
+                Some(20),
+                1,
+                MAX_SINKHORN_ITERATIONS,
+                "hard limit",
+            )?,
+            hc_eps: optf("hyper_connection.epsilon", 1e-6, FloatRange::Epsilon)?,
+            context,
         };
-        let shared = opt("expert_shared_count", 1)?;
+        let shared = hp.width_or_zero("expert_shared_count", 1)?;
         if shared != 1 {
             return Err(ModelError::Unsupported(format!(
                 "deepseek4 with {shared} shared experts (the architecture has one)"
@@ -208,6 +265,21 @@ impl Dsv4Config {
         }
         c.validate()?;
         Ok(c)
+    }
+
+    /// Blocks of the file past the `layers` that run: the multi-token
+    /// prediction blocks (`nextn_predict_layers`), which weft does not run.
+    pub fn mtp_blocks(file: &GgufFile, layers: usize) -> Result<usize, ModelError> {
+        let hp = Hparams::new(file, "deepseek4");
+        let spare = hp.blocks_in_file().saturating_sub(layers);
+        hp.count(
+            "nextn_predict_layers",
+            Some(0),
+            0,
+            u32::MAX as usize,
+            "a u32",
+        )
+        .map(|n| n.min(spare))
     }
 
     /// Checks the relations the forward pass relies on.
@@ -250,8 +322,10 @@ impl Dsv4Config {
                 || c.indexer_dim < c.rope_dims)
         {
             return Err(shape(format!(
-                "CSA layers need an indexer: {} heads of {}, top-k {} (rope dims {})",
-                c.indexer_heads, c.indexer_dim, c.indexer_top_k, c.rope_dims
+                "CSA layers need an indexer: deepseek4.attention.indexer.head_count {}, \
+                 deepseek4.attention.indexer.key_length {} (at least the rope dims {}), \
+                 deepseek4.attention.indexer.top_k {}: all must be positive",
+                c.indexer_heads, c.indexer_dim, c.rope_dims, c.indexer_top_k
             )));
         }
         Ok(())

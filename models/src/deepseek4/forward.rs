@@ -11,6 +11,7 @@
 
 use super::weights::{Dsv4Layer, HcSite, Router};
 use super::DeepSeek4;
+use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
 use std::ops::Range;
@@ -67,6 +68,19 @@ impl DeepSeek4 {
         tokens: &[u32],
         logits: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_step_probed(s, lanes, start, tokens, logits, None)
+    }
+
+    /// [`DeepSeek4::record_step`], summing each layer's streams into `probe`.
+    pub(crate) fn record_step_probed(
+        &self,
+        s: &mut GraphSession<'_>,
+        lanes: &[&KvCache],
+        start: u32,
+        tokens: &[u32],
+        logits: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 || lanes.is_empty() || (lanes.len() > 1 && lanes.len() != n) {
@@ -92,7 +106,7 @@ impl DeepSeek4 {
         // The streams: every stream starts as the token's embedding.
         let x = s.get_rows(self.weights.token_embd, rep, "token_embd")?;
         let x = x.reshape(&[n, c.hc * c.hidden])?;
-        self.record_rows(s, lanes, start, ids, x, logits)
+        self.record_rows(s, lanes, start, ids, x, logits, probe)
     }
 
     /// Records one decode step of one lane whose token id is already on the
@@ -106,6 +120,19 @@ impl DeepSeek4 {
         start: u32,
         ids: Tensor,
         logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        self.record_ids_probed(s, lane, start, ids, logits, None)
+    }
+
+    /// [`DeepSeek4::record_ids`], summing each layer's streams into `probe`.
+    pub(crate) fn record_ids_probed(
+        &self,
+        s: &mut GraphSession<'_>,
+        lane: &KvCache,
+        start: u32,
+        ids: Tensor,
+        logits: LogitRows,
+        probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         if ids.shape.elements() != 1 || ids.dtype != weft_ops::DType::I32 {
@@ -133,11 +160,12 @@ impl DeepSeek4 {
                 format!("token_embd.stream{j}"),
             )?;
         }
-        self.record_rows(s, &[lane], start, ids, x, logits)
+        self.record_rows(s, &[lane], start, ids, x, logits, probe)
     }
 
     /// The blocks and the head over the streams `x` `[R, hc * d]` (each
     /// stream holding its row's embedding), with `ids` the rows' token ids.
+    #[allow(clippy::too_many_arguments)]
     fn record_rows(
         &self,
         s: &mut GraphSession<'_>,
@@ -146,6 +174,7 @@ impl DeepSeek4 {
         ids: Tensor,
         x: Tensor,
         logits: LogitRows,
+        probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
         let n = x.rows();
         let positions: Vec<i32> = if lanes.len() == 1 {
@@ -172,6 +201,9 @@ impl DeepSeek4 {
             s.set_layer(Some(l as u32));
             s.begin_pool_scope(kind);
             self.record_layer(s, l, layer, &step, x, y)?;
+            if let Some(p) = probe {
+                p.record(s, l, x)?;
+            }
             s.end_pool_scope()?;
         }
         s.set_layer(None);

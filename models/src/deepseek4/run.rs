@@ -57,9 +57,17 @@ impl DeepSeek4 {
         if n == 0 {
             return Err(ModelError::Input("a step needs at least one token".into()));
         }
-        run_step(exec, cache, n, |s, kv, span| {
+        let start = cache.position();
+        let logits = run_step(exec, cache, n, |s, kv, span| {
             self.record_step(s, &[kv], span.start, tokens, rows)
-        })
+        })?;
+        if let Err(e) = crate::finite::check_logits(&logits, crate::finite::LOGITS_HINT, || {
+            format!("the logits of the step at position {start}")
+        }) {
+            cache.poison(&e.to_string());
+            return Err(e);
+        }
+        Ok(logits)
     }
 
     /// Prefills `tokens` in chunks (`policy`, capped by the cache's chunk
@@ -119,7 +127,8 @@ impl DeepSeek4 {
 
     /// One cohort decode step: token `b` for lane `b`, every lane at the
     /// same position, published all together (after `gate` accepts the
-    /// logits `[B, V]`) or not at all (every lane poisoned).
+    /// logits `[B, V]`, which must be finite) or not at all (every lane
+    /// poisoned).
     pub fn cohort_step(
         &self,
         exec: &mut GraphExecutor,
@@ -138,6 +147,17 @@ impl DeepSeek4 {
             self.check_cache(lane)?;
         }
         let mut cohort = Cohort::new(lanes)?;
+        // Logits that are not finite are never published.
+        let gate = |plan: &CohortSpan, logits: &[f32]| {
+            crate::finite::check_logits(logits, crate::finite::LOGITS_HINT, || {
+                format!(
+                    "the logits of the cohort step at position {}",
+                    plan.position()
+                )
+            })
+            .map_err(|e| e.to_string())?;
+            gate(plan, logits)
+        };
         let record = |s: &mut weft_runtime::GraphSession<'_>,
                       kvs: &[&KvCache],
                       plan: &CohortSpan|

@@ -13,6 +13,7 @@
 //! so a tensor dump lines up with `llama-eval-callback`'s.
 
 use super::{Gemma3, Gemma3Layer};
+use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
 use weft_ops::{AttentionParams, Builder, Tensor};
@@ -44,6 +45,19 @@ impl Gemma3 {
         span: &CacheSpan,
         ids: Tensor,
         logits: LogitRows,
+    ) -> Result<Tensor, ModelError> {
+        self.record_probed(s, cache, span, ids, logits, None)
+    }
+
+    /// [`Gemma3::record_ids`], summing each layer's output into `probe`.
+    pub(crate) fn record_probed(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        logits: LogitRows,
+        probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = crate::step::check_ids(&ids, span)?;
@@ -84,6 +98,9 @@ impl Gemma3 {
                 keep_from,
             };
             x = self.record_layer(s, layer, &ctx, x)?;
+            if let Some(p) = probe {
+                p.record(s, l, x)?;
+            }
             s.end_pool_scope()?;
         }
         s.set_layer(None);

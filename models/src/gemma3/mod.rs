@@ -20,6 +20,7 @@
 //! ```
 //! use weft_models::gemma3::Gemma3Config;
 //! use weft_models::gguf::{GgufFile, GgufWriter};
+//! use weft_ops::DType;
 //!
 //! let mut w = GgufWriter::new();
 //! w.set("general.architecture", "gemma3")?;
@@ -34,6 +35,8 @@
 //! ] {
 //!     w.set(&format!("gemma3.{key}"), value)?;
 //! }
+//! // The counts are bounded by the tensors: 12 blocks, none wider than 2048.
+//! w.add_tensor("blk.11.ffn_norm.weight", &[2048], DType::F32, vec![0u8; 2048 * 4])?;
 //! let config = Gemma3Config::from_gguf(&GgufFile::from_bytes(w.to_bytes()?)?)?;
 //! // No pattern in the file: every 6th layer is global, the others slide.
 //! assert_eq!(config.layer_window(4), Some(512));
@@ -49,6 +52,7 @@
 mod forward;
 
 use crate::gguf::{GgufFile, Value};
+use crate::hparams::{FloatRange, Hparams};
 use crate::weights::{is_supported_matrix, WeightMap};
 use crate::ModelError;
 use weft_ops::{RopeMode, RopeParams, Tensor};
@@ -96,51 +100,53 @@ pub struct Gemma3Config {
 impl Gemma3Config {
     /// Reads the config of a `gemma3` file.
     pub fn from_gguf(file: &GgufFile) -> Result<Gemma3Config, ModelError> {
-        let key = |k: &str| format!("gemma3.{k}");
-        let layers = file.require_u32(&key("block_count"))? as usize;
-        let hidden = file.require_u32(&key("embedding_length"))? as usize;
-        let ffn = file.require_u32(&key("feed_forward_length"))? as usize;
-        let heads = file.require_u32(&key("attention.head_count"))? as usize;
-        let kv_heads = file
-            .get_u32(&key("attention.head_count_kv"))?
-            .map_or(heads, |v| v as usize);
-        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        let hp = Hparams::new(file, "gemma3");
+        let key = |k: &str| hp.key(k);
+        let layers = hp.block_count()?;
+        let hidden = hp.width("embedding_length", None)?;
+        let ffn = hp.width("feed_forward_length", None)?;
+        let heads = hp.width("attention.head_count", None)?;
+        let kv_heads = hp.width("attention.head_count_kv", Some(heads))?;
+        if !heads.is_multiple_of(kv_heads) {
             return Err(ModelError::Shape(format!(
-                "gemma3: {heads} query heads over {kv_heads} kv heads"
+                "gemma3.attention.head_count = {heads} query heads over gemma3.attention.head_count_kv = {kv_heads} kv heads: the kv heads must divide the heads"
             )));
         }
-        let head_dim = file
-            .get_u32(&key("attention.key_length"))?
-            .map_or(hidden / heads, |v| v as usize);
-        let value_dim = file
-            .get_u32(&key("attention.value_length"))?
-            .map_or(head_dim, |v| v as usize);
-        if value_dim != head_dim || head_dim == 0 {
+        let head_dim = hp.width("attention.key_length", Some((hidden / heads).max(1)))?;
+        let value_dim = hp.width("attention.value_length", Some(head_dim))?;
+        if value_dim != head_dim {
             return Err(ModelError::Unsupported(format!(
                 "gemma3 with key length {head_dim} and value length {value_dim} (weft needs them equal)"
             )));
         }
-        let rms_eps = file
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-6);
-        let context = file.get_u32(&key("context_length"))?.unwrap_or(32768);
-        let window = file
-            .get_u32(&key("attention.sliding_window"))?
-            .filter(|&w| w > 0);
+        let rms_eps = hp.float(
+            "attention.layer_norm_rms_epsilon",
+            1e-6,
+            FloatRange::Epsilon,
+        )?;
+        let context = hp.context(32768)?;
+        let window = match file.get_u64(&key("attention.sliding_window"))? {
+            None => None,
+            Some(_) => Some(hp.count(
+                "attention.sliding_window",
+                None,
+                1,
+                context as usize,
+                "the trained context length",
+            )? as u32),
+        };
         let local = match window {
             Some(_) => local_layers(file, &key("attention.sliding_window_pattern"), layers)?,
             None => vec![false; layers],
         };
-        let n_dims = file
-            .get_u32(&key("rope.dimension_count"))?
-            .map_or(head_dim, |v| v as usize);
-        let base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(1_000_000.0);
+        let n_dims = hp.rope_dims(head_dim)?;
+        let base = hp.float("rope.freq_base", 1_000_000.0, FloatRange::AboveOne)?;
         let mut rope_global = RopeParams::plain(RopeMode::Neox, head_dim, n_dims, base);
         match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
             Some("linear") => {
-                let factor = file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
-                rope_global.freq_scale = 1.0 / factor.max(f32::MIN_POSITIVE);
+                let factor = hp.float("rope.scaling.factor", 1.0, FloatRange::Positive)?;
+                rope_global.freq_scale = 1.0 / factor;
             }
             Some(other) => {
                 return Err(ModelError::Unsupported(format!(
@@ -148,16 +154,17 @@ impl Gemma3Config {
                 )))
             }
         }
-        let local_base = file
-            .get_f32(&key("rope.freq_base_swa"))?
-            .unwrap_or(DEFAULT_LOCAL_ROPE_BASE);
+        let local_base = hp.float(
+            "rope.freq_base_swa",
+            DEFAULT_LOCAL_ROPE_BASE,
+            FloatRange::AboveOne,
+        )?;
         let rope_local = RopeParams::plain(RopeMode::Neox, head_dim, n_dims, local_base);
-        if let Some(cap) = file.get_f32(&key("final_logit_softcapping"))? {
-            if cap != 0.0 {
-                return Err(ModelError::Unsupported(format!(
-                    "gemma3 final logit soft-capping ({cap})"
-                )));
-            }
+        let cap = hp.float("final_logit_softcapping", 0.0, FloatRange::NonNegative)?;
+        if cap != 0.0 {
+            return Err(ModelError::Unsupported(format!(
+                "gemma3 final logit soft-capping ({cap})"
+            )));
         }
         let query_scale = if layers == LAYERS_27B {
             1.0 / ((hidden / heads) as f32).sqrt()
@@ -316,7 +323,10 @@ impl Gemma3 {
             layers.push(layer);
         }
         let output_norm = weights.expect("output_norm.weight", &[c.hidden])?;
-        let output = weights.optional("output.weight")?.unwrap_or(token_embd);
+        let output = match weights.optional("output.weight")? {
+            Some(o) => crate::weights::check_output(o, token_embd, c.hidden)?,
+            None => token_embd,
+        };
         Ok(Gemma3 {
             config: c,
             token_embd,

@@ -171,6 +171,20 @@ pub enum GgufError {
         len: u64,
     },
 
+    /// Two tensors whose data share bytes.
+    #[error(
+        "[gguf] tensor `{name}` data 0x{start:x}..0x{end:x} overlaps the data of tensor `{other}` \
+         (0x{other_start:x}..0x{other_end:x}); every tensor needs bytes of its own"
+    )]
+    TensorOverlap {
+        name: String,
+        start: u64,
+        end: u64,
+        other: String,
+        other_start: u64,
+        other_end: u64,
+    },
+
     /// A metadata value of the wrong type for a typed accessor.
     #[error(
         "[gguf] metadata key `{key}` (at byte 0x{offset:x}) has type {found}, expected {expected}"

@@ -11,7 +11,8 @@
 //!
 //! Files: `reader.rs` parses and validates, `access.rs` holds the typed
 //! metadata accessors, `value.rs` the value types, `writer.rs` the writer,
-//! `error.rs` the error type.
+//! `error.rs` the error type, `guard.rs` the SIGBUS handler naming a mapped
+//! file truncated under the map.
 //!
 //! Layout reminder: `GGUF` magic, u32 version, u64 tensor count, u64 metadata
 //! count, metadata entries (string key, u32 type, value), tensor infos (string
@@ -20,6 +21,7 @@
 
 mod access;
 mod error;
+mod guard;
 mod reader;
 mod value;
 pub mod writer;
@@ -32,6 +34,7 @@ use std::sync::Arc;
 use weft_ops::DType;
 
 pub use error::GgufError;
+pub use guard::{install_truncation_guard, TRUNCATED_EXIT_CODE};
 pub use reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use value::{type_id, type_name, Array, Value};
 pub use writer::GgufWriter;
@@ -56,9 +59,13 @@ impl TensorInfo {
     }
 }
 
-/// Where the file bytes live.
+/// Where the file bytes live. A map's registration with the truncation
+/// guard is dropped (unregistered) before the map itself.
 enum Source {
-    Mapped(memmap2::Mmap),
+    Mapped {
+        _registration: guard::Registration,
+        map: memmap2::Mmap,
+    },
     Owned(Vec<u8>),
 }
 
@@ -72,7 +79,7 @@ impl Deref for GgufBytes {
 
     fn deref(&self) -> &[u8] {
         match &*self.0 {
-            Source::Mapped(map) => map,
+            Source::Mapped { map, .. } => map,
             Source::Owned(bytes) => bytes,
         }
     }
@@ -129,9 +136,15 @@ impl GgufFile {
         // file is only unsound if another process truncates or rewrites it
         // while mapped; model files are treated as immutable (weft's own
         // fetch writes them once, atomically, under a temporary name), which
-        // is the same contract every mmap-based model loader relies on.
+        // is the same contract every mmap-based model loader relies on. A
+        // truncation then raises SIGBUS, which the truncation guard (once
+        // installed) turns into an error message naming the file.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        GgufFile::from_source(Source::Mapped(map))
+        let registration = guard::register(path, map.as_ptr(), map.len());
+        GgufFile::from_source(Source::Mapped {
+            _registration: registration,
+            map,
+        })
     }
 
     /// Validates GGUF bytes held in memory (tests, fuzzing, generated models).

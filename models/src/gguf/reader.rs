@@ -545,7 +545,7 @@ pub(crate) fn tensor_bytes(
 }
 
 /// Turns relative offsets into absolute ones and checks every tensor's data
-/// lies inside the file.
+/// lies inside the file, apart from every other tensor's.
 fn place_tensors(tensors: &mut [TensorInfo], data_offset: u64, len: u64) -> Result<(), GgufError> {
     for t in tensors.iter_mut() {
         let start = data_offset.checked_add(t.offset);
@@ -559,6 +559,30 @@ fn place_tensors(tensors: &mut [TensorInfo], data_offset: u64, len: u64) -> Resu
                     end: end.unwrap_or(u64::MAX),
                     len,
                 })
+            }
+        }
+    }
+    check_overlaps(tensors)
+}
+
+/// Refuses two tensors whose data share a byte: a file whose tensors alias
+/// each other is corrupt (a writer lays every tensor out on its own), and
+/// its weights would silently be read twice. Empty tensors occupy nothing.
+fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), GgufError> {
+    let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.bytes > 0).collect();
+    by_start.sort_by_key(|t| (t.offset, t.bytes));
+    for pair in by_start.windows(2) {
+        if let [a, b] = *pair {
+            let a_end = a.offset.saturating_add(a.bytes);
+            if b.offset < a_end {
+                return Err(GgufError::TensorOverlap {
+                    name: b.name.clone(),
+                    start: b.offset,
+                    end: b.offset.saturating_add(b.bytes),
+                    other: a.name.clone(),
+                    other_start: a.offset,
+                    other_end: a_end,
+                });
             }
         }
     }

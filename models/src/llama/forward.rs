@@ -4,6 +4,7 @@
 //! followed by its rope); the reorder pass finds what can run together.
 
 use super::{Llama, LlamaLayer};
+use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
 use weft_ops::{AttentionParams, Builder, Tensor};
@@ -36,6 +37,19 @@ impl Llama {
         ids: Tensor,
         logits: LogitRows,
     ) -> Result<Tensor, ModelError> {
+        self.record_probed(s, cache, span, ids, logits, None)
+    }
+
+    /// [`Llama::record_ids`], summing each layer's output into `probe`.
+    pub(crate) fn record_probed(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        span: &CacheSpan,
+        ids: Tensor,
+        logits: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = crate::step::check_ids(&ids, span)?;
         s.set_layer(None);
@@ -59,6 +73,9 @@ impl Llama {
                 0
             };
             x = self.record_layer(s, layer, l, x, positions, cache, span, keep_from)?;
+            if let Some(p) = probe {
+                p.record(s, l, x)?;
+            }
             s.end_pool_scope()?;
         }
         s.set_layer(None);

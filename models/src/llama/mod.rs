@@ -5,6 +5,7 @@
 mod forward;
 
 use crate::gguf::GgufFile;
+use crate::hparams::{FloatRange, Hparams, MAX_WIDTH};
 use crate::weights::{is_supported_matrix, WeightMap};
 use crate::ModelError;
 use weft_ops::{RopeMode, RopeParams, Tensor};
@@ -27,44 +28,44 @@ pub struct LlamaConfig {
 impl LlamaConfig {
     /// Reads the config of architecture `arch` (`llama` or a compatible prefix).
     pub fn from_gguf(file: &GgufFile, arch: &str) -> Result<LlamaConfig, ModelError> {
-        let key = |k: &str| format!("{arch}.{k}");
-        let layers = file.require_u32(&key("block_count"))? as usize;
-        let hidden = file.require_u32(&key("embedding_length"))? as usize;
-        let ffn = file.require_u32(&key("feed_forward_length"))? as usize;
-        let heads = file.require_u32(&key("attention.head_count"))? as usize;
-        let kv_heads = file
-            .get_u32(&key("attention.head_count_kv"))?
-            .map_or(heads, |v| v as usize);
-        if heads == 0
-            || kv_heads == 0
-            || !heads.is_multiple_of(kv_heads)
-            || !hidden.is_multiple_of(heads)
-        {
+        let hp = Hparams::new(file, arch);
+        let key = |k: &str| hp.key(k);
+        let layers = hp.block_count()?;
+        let hidden = hp.width("embedding_length", None)?;
+        let ffn = hp.width("feed_forward_length", None)?;
+        let heads = hp.width("attention.head_count", None)?;
+        let kv_heads = hp.width("attention.head_count_kv", Some(heads))?;
+        if !heads.is_multiple_of(kv_heads) || !hidden.is_multiple_of(heads) {
             return Err(ModelError::Shape(format!(
-                "{heads} heads over {kv_heads} kv heads with hidden size {hidden}"
+                "{} = {heads} heads over {} = {kv_heads} kv heads with {} = {hidden}: \
+                 the kv heads must divide the heads, the heads the width",
+                key("attention.head_count"),
+                key("attention.head_count_kv"),
+                key("embedding_length"),
             )));
         }
-        let head_dim = file
-            .get_u32(&key("attention.key_length"))?
-            .map_or(hidden / heads, |v| v as usize);
-        let n_dims = file
-            .get_u32(&key("rope.dimension_count"))?
-            .map_or(head_dim, |v| v as usize);
-        let base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
+        let head_dim = hp.width("attention.key_length", Some(hidden / heads))?;
+        let n_dims = hp.rope_dims(head_dim)?;
+        let base = hp.float("rope.freq_base", 10000.0, FloatRange::AboveOne)?;
+        let context = hp.context(2048)?;
         let mut rope = RopeParams::plain(RopeMode::Normal, head_dim, n_dims, base);
         match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
             Some("linear") => {
-                let factor = file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
-                rope.freq_scale = 1.0 / factor.max(f32::MIN_POSITIVE);
+                let factor = hp.float("rope.scaling.factor", 1.0, FloatRange::Positive)?;
+                rope.freq_scale = 1.0 / factor;
             }
             Some("yarn") => {
-                let factor = file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
-                rope.freq_scale = 1.0 / factor.max(f32::MIN_POSITIVE);
+                let factor = hp.float("rope.scaling.factor", 1.0, FloatRange::Positive)?;
+                rope.freq_scale = 1.0 / factor;
                 rope.ext_factor = 1.0;
-                rope.orig_ctx = file
-                    .get_u32(&key("rope.scaling.original_context_length"))?
-                    .unwrap_or(0);
+                rope.orig_ctx = hp.count(
+                    "rope.scaling.original_context_length",
+                    Some(context as usize),
+                    1,
+                    u32::MAX as usize,
+                    "a token position is a u32",
+                )? as u32;
             }
             Some(other) => {
                 return Err(ModelError::Unsupported(format!(
@@ -77,16 +78,21 @@ impl LlamaConfig {
                 "per-dimension rope frequency factors (rope_freqs.weight, Llama 3.1 style)".into(),
             ));
         }
-        let rms_eps = file
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-5);
-        let context = file.get_u32(&key("context_length"))?.unwrap_or(2048);
-        let vocab = match file.get_u32(&key("vocab_size"))? {
-            Some(v) => v as usize,
-            None => file
-                .get_str_array("tokenizer.ggml.tokens")?
-                .map_or(0, |t| t.len()),
-        };
+        let rms_eps = hp.float(
+            "attention.layer_norm_rms_epsilon",
+            1e-5,
+            FloatRange::Epsilon,
+        )?;
+        let n_tokens = file
+            .get_str_array("tokenizer.ggml.tokens")?
+            .map_or(0, |t| t.len());
+        let vocab = hp.count(
+            "vocab_size",
+            Some(n_tokens),
+            1,
+            MAX_WIDTH,
+            "hard limit of a width",
+        )?;
         Ok(LlamaConfig {
             layers,
             hidden,
@@ -148,6 +154,13 @@ impl Llama {
                 c.hidden
             )));
         }
+        if c.vocab != 0 && token_embd.rows() != c.vocab {
+            return Err(ModelError::Shape(format!(
+                "token_embd.weight has {} rows, the vocabulary ({arch}.vocab_size or tokenizer.ggml.tokens) {}",
+                token_embd.rows(),
+                c.vocab
+            )));
+        }
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let name = |n: &str| format!("blk.{l}.{n}.weight");
@@ -181,7 +194,10 @@ impl Llama {
             layers.push(layer);
         }
         let output_norm = weights.expect("output_norm.weight", &[c.hidden])?;
-        let output = weights.optional("output.weight")?.unwrap_or(token_embd);
+        let output = match weights.optional("output.weight")? {
+            Some(o) => crate::weights::check_output(o, token_embd, c.hidden)?,
+            None => token_embd,
+        };
         Ok(Llama {
             config: c,
             token_embd,

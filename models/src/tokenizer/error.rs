@@ -90,6 +90,35 @@ pub enum TokenizerError {
         flag: &'static str,
     },
 
+    /// A special-token id in the metadata outside the vocabulary.
+    #[error(
+        "`{key}` is {id}, outside the vocabulary of {n_tokens} tokens (tokenizer.ggml.tokens)"
+    )]
+    SpecialOutOfRange {
+        /// The key.
+        key: &'static str,
+        /// The id it holds.
+        id: u32,
+        /// The vocabulary size.
+        n_tokens: usize,
+    },
+
+    /// A token type outside the ones GGUF defines.
+    #[error("tokenizer.ggml.token_type: entry {index} is {value}; token types are 0 to 6 (undefined, normal, unknown, control, user-defined, unused, byte)")]
+    BadTokenType {
+        /// The token id.
+        index: usize,
+        /// The type found.
+        value: i32,
+    },
+
+    /// A NaN merge score.
+    #[error("tokenizer.ggml.scores: entry {index} is NaN")]
+    NanScore {
+        /// The token id.
+        index: usize,
+    },
+
     /// A token id outside the vocabulary was given to decode.
     #[error("token id {id} is outside the vocabulary of {n_tokens} tokens")]
     TokenOutOfRange {

@@ -126,8 +126,17 @@ impl Vocab {
                 why: "it is the vocabulary",
             })?;
         let token_types = match file.get_i32_array(KEY_TOKEN_TYPE)? {
-            Some(types) => types.iter().map(|&t| TokenType::from_i32(t)).collect(),
+            Some(types) => checked_types(&types)?,
             None => Vec::new(),
+        };
+        let n_tokens = tokens.len();
+        let special = |key: &'static str| -> Result<Option<TokenId>, TokenizerError> {
+            match file.get_u32(key)? {
+                Some(id) if id as usize >= n_tokens => {
+                    Err(TokenizerError::SpecialOutOfRange { key, id, n_tokens })
+                }
+                id => Ok(id),
+            }
         };
         Ok(Vocab {
             model: model.to_owned(),
@@ -136,12 +145,12 @@ impl Vocab {
             token_types,
             scores: read_scores(file)?,
             merges: file.get_str_array(KEY_MERGES)?.map(<[String]>::to_vec),
-            bos: file.get_u32(KEY_BOS)?,
-            eos: file.get_u32(KEY_EOS)?,
-            eot: file.get_u32(KEY_EOT)?,
-            eom: file.get_u32(KEY_EOM)?,
-            unk: file.get_u32(KEY_UNK)?,
-            pad: file.get_u32(KEY_PAD)?,
+            bos: special(KEY_BOS)?,
+            eos: special(KEY_EOS)?,
+            eot: special(KEY_EOT)?,
+            eom: special(KEY_EOM)?,
+            unk: special(KEY_UNK)?,
+            pad: special(KEY_PAD)?,
             add_bos: file.get_bool(KEY_ADD_BOS)?,
             add_eos: file.get_bool(KEY_ADD_EOS)?,
             add_space_prefix: file.get_bool(KEY_ADD_SPACE_PREFIX)?,
@@ -149,15 +158,33 @@ impl Vocab {
     }
 }
 
-/// Scores are f32 in practice; llama.cpp also accepts i32.
+/// The token types GGUF defines (0 to 6), or an error naming the first
+/// value outside them: a type weft would have to guess at.
+fn checked_types(types: &[i32]) -> Result<Vec<TokenType>, TokenizerError> {
+    types
+        .iter()
+        .enumerate()
+        .map(|(index, &value)| match value {
+            0..=6 => Ok(TokenType::from_i32(value)),
+            _ => Err(TokenizerError::BadTokenType { index, value }),
+        })
+        .collect()
+}
+
+/// Scores are f32 in practice; llama.cpp also accepts i32. A NaN score
+/// would make the merge order meaningless, so it is refused.
 fn read_scores(file: &GgufFile) -> Result<Vec<f32>, TokenizerError> {
-    match file.get_f32_array(KEY_SCORES) {
-        Ok(scores) => Ok(scores.map(|s| s.into_owned()).unwrap_or_default()),
+    let scores = match file.get_f32_array(KEY_SCORES) {
+        Ok(scores) => scores.map(|s| s.into_owned()).unwrap_or_default(),
         Err(as_float) => match file.get_i32_array(KEY_SCORES) {
-            Ok(Some(scores)) => Ok(scores.iter().map(|&s| s as f32).collect()),
-            _ => Err(as_float.into()),
+            Ok(Some(scores)) => scores.iter().map(|&s| s as f32).collect(),
+            _ => return Err(as_float.into()),
         },
+    };
+    if let Some(index) = scores.iter().position(|s| s.is_nan()) {
+        return Err(TokenizerError::NanScore { index });
     }
+    Ok(scores)
 }
 
 /// Text-to-id lookup over the token texts, without copying them: an
