@@ -85,6 +85,12 @@ impl Conversation {
         &self.messages
     }
 
+    /// The ids the cache holds (after [`Conversation::prefill_user`]: the
+    /// rendered conversation).
+    pub fn cached(&self) -> &[TokenId] {
+        &self.cached
+    }
+
     /// Back to the system prompt alone, with an empty cache.
     pub fn reset(&mut self, cache: &mut KvCache) {
         self.messages.retain(|m| m.role == "system");

@@ -27,4 +27,5 @@ pub use conversation::{Conversation, TurnError, TurnPrefill};
 pub use strftime::strftime;
 pub use template::{
     encode_rendered, ChatTemplate, ChatTemplateError, Message, TemplateFault, GGUF_KEY,
+    PLAIN_TEMPLATE,
 };

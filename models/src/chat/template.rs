@@ -37,6 +37,10 @@ impl Message {
     }
 }
 
+/// A template for models without one: the messages' texts, one per line.
+pub const PLAIN_TEMPLATE: &str =
+    "{% for message in messages %}{{ message['content'] }}{% if not loop.last %}\n{% endif %}{% endfor %}";
+
 /// A compiled chat template with the vocabulary's `bos_token`/`eos_token`.
 pub struct ChatTemplate {
     env: Environment<'static>,
