@@ -187,7 +187,7 @@ impl Ending {
         match self {
             Ending::EndOfTurn => "end of turn",
             Ending::Limit => "the -n limit",
-            Ending::Interrupted => "interrupted",
+            Ending::Interrupted => "Ctrl-C",
             Ending::ContextFull => "context full",
         }
     }
