@@ -138,6 +138,15 @@ fn failures_say_where_and_what() {
 }
 
 #[test]
+fn an_endless_template_stops() {
+    let f = fault_of(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+        &[Message::new("user", "hi")],
+    );
+    assert!(f.message.contains("did not finish"), "{f}");
+}
+
+#[test]
 fn python_string_methods_and_loop_controls() {
     let t = ChatTemplate::new(
         "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}\

@@ -13,7 +13,7 @@
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use weft::models::chat::{
     encode_rendered, ChatTemplate, Conversation, Message, TurnError, PLAIN_TEMPLATE,
@@ -153,6 +153,9 @@ pub struct ChatCmdArgs {
     #[arg(long, short = 'v')]
     verbose: bool,
 }
+
+/// The longest message line read.
+const MAX_LINE_BYTES: u64 = 1 << 20;
 
 /// Set by Ctrl-C during an answer; the decode loop stops at the next token.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -347,13 +350,16 @@ pub fn run(a: ChatCmdArgs) -> Result<()> {
         PROMPT_INTERRUPTS.store(0, Ordering::SeqCst);
         AT_PROMPT.store(true, Ordering::SeqCst);
         let mut line = String::new();
-        let read = stdin.read_line(&mut line);
+        let read = (&mut stdin).take(MAX_LINE_BYTES).read_line(&mut line);
         AT_PROMPT.store(false, Ordering::SeqCst);
         if read.context("cannot read the next message from stdin")? == 0 {
             if interactive {
                 writeln!(out)?;
             }
             return Ok(());
+        }
+        if line.len() as u64 == MAX_LINE_BYTES && !line.ends_with('\n') {
+            bail!("a message longer than {MAX_LINE_BYTES} bytes; messages are one line each");
         }
         let text = line.trim_end_matches(['\n', '\r']);
         match text.trim() {

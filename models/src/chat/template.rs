@@ -17,6 +17,10 @@ const NAME: &str = "chat_template";
 /// The longest template file [`ChatTemplate::from_file`] reads.
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
+/// Engine instructions one render may take: chat templates take a few
+/// thousand per message; a template that loops without end stops here.
+const FUEL: u64 = 10_000_000;
+
 /// The GGUF key of the template.
 pub const GGUF_KEY: &str = "tokenizer.chat_template";
 
@@ -129,6 +133,7 @@ impl ChatTemplate {
     ) -> Result<ChatTemplate, ChatTemplateError> {
         let mut env = Environment::new();
         env.set_debug(true);
+        env.set_fuel(Some(FUEL));
         let mut syntax = minijinja::syntax::SyntaxConfig::builder();
         syntax.trim_blocks(true).lstrip_blocks(true);
         env.set_syntax(syntax.build().map_err(|e| fault(origin, source, &e))?);
@@ -388,6 +393,9 @@ fn fault(origin: &str, source: &str, e: &Error) -> ChatTemplateError {
             format!("the template raised an exception: {}", &d[RAISED.len()..])
         }
         Some(d) => format!("{}: {d}", e.kind()),
+        None if e.kind() == ErrorKind::OutOfFuel => {
+            format!("the template did not finish within {FUEL} engine steps")
+        }
         None => e.kind().to_string(),
     };
     ChatTemplateError::Template(Box::new(TemplateFault {
