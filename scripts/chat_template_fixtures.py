@@ -19,15 +19,15 @@ Templates:
   gemma2     Gemma's <start_of_turn> template (google-gemma-2-2b-it.jinja)
   llama3_1   Llama 3.1 Instruct (tools as indented JSON)
 The .jinja files are llama.cpp's copies of the Hugging Face templates, as
-shipped in the llama-cpp-python 0.3.36 source package (vendor/llama.cpp/
-models/templates); pass that folder as --templates.
+shipped in the source archive of llama-cpp-python 0.3.36 on PyPI
+(llama_cpp_python-0.3.36.tar.gz, folder vendor/llama.cpp/models/templates);
+pass that folder, unpacked, as --templates.
 
 Usage:
   pip install jinja2==3.1.6
-  pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: --no-build-isolation
   python scripts/chat_template_fixtures.py \
       --smollm2 ~/.cache/weft/SmolLM2-135M-Instruct.Q4_1.gguf \
-      --templates <unpacked sdist>/vendor/llama.cpp/models/templates
+      --templates llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates
 """
 
 from __future__ import annotations
