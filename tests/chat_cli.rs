@@ -215,7 +215,7 @@ fn chat_rolls_back_when_the_template_rewrites_history() {
 }
 
 #[test]
-fn chat_without_a_template_says_how_to_give_one() {
+fn template_errors_name_the_file_and_the_place() {
     let Some(model) = smollm2() else { return };
     let out = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args([
