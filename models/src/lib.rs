@@ -3,6 +3,7 @@
 //!
 //! Invariant: model code records nodes; it never calls a kernel.
 
+pub mod chat;
 pub mod decode;
 pub mod deepseek4;
 mod error;

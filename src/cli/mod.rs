@@ -2,6 +2,7 @@
 //! resolution, executor settings). One file per subcommand.
 
 mod bench;
+mod chat;
 mod diagnostics;
 mod graph;
 pub mod output;
@@ -34,6 +35,8 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt (streams to stdout).
     Run(run::RunArgs),
+    /// Chat on the terminal through the model's chat template.
+    Chat(chat::ChatCmdArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(tokenize::TokenizeArgs),
     /// Perplexity of a text file, as llama-perplexity computes it.
@@ -52,6 +55,7 @@ enum Command {
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),

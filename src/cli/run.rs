@@ -26,7 +26,10 @@ pub struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     diag: DiagArgs,
-    /// The prompt, as raw text (no chat template; BOS only if the model asks for it).
+    #[command(flatten)]
+    chat: super::chat::ChatArgs,
+    /// The prompt, as raw text (BOS only if the model asks for it), or the
+    /// user's message with --chat.
     #[arg(
         long,
         short = 'p',
@@ -88,10 +91,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let diag = a.diag.open()?;
     let (mut exec, model) = a.model.load()?;
     model.set_check_finite(a.check_finite || cfg!(debug_assertions));
-    let prompt = match (&a.prompt_ids, &a.prompt) {
-        (Some(ids), _) => ids.clone(),
-        (None, Some(text)) => model.tokenizer.encode(text),
-        (None, None) => bail!("give the prompt as --prompt TEXT or --prompt-ids 1,2,3"),
+    let chat = a.chat.prompt(&model, a.prompt.as_deref())?;
+    let prompt = match (&a.prompt_ids, &a.prompt, &chat) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(_), Some(c)) => c.ids.clone(),
+        (None, Some(text), None) => model.tokenizer.encode(text),
+        (None, None, _) => bail!("give the prompt as --prompt TEXT or --prompt-ids 1,2,3"),
     };
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= model.vocab()) {
         bail!(
@@ -154,7 +159,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut out = Stdout::lock();
     // Takes a generated token: false once generation should stop.
     let mut accept = |tok: u32, history: &mut Vec<u32>| -> Result<bool> {
-        if model.tokenizer.is_eog(tok) && !a.ignore_eos {
+        let ends_turn = chat.as_ref().is_some_and(|c| c.ends_turn(tok));
+        if (model.tokenizer.is_eog(tok) || ends_turn) && !a.ignore_eos {
             return Ok(false);
         }
         generated.push(tok);
