@@ -193,7 +193,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
     };
     shared.set_health(Health::Ok);
     eprintln!(
-        "weft serve: model `{}` loaded; context {ctx} tokens, {parallel} sequences at once",
+        "weft serve: model `{}` loaded; context {ctx} tokens, up to {parallel} sequences at once",
         model.name
     );
     engine.serve(&jobs);

@@ -1,0 +1,727 @@
+//! `weft serve` against real clients: the release binary on a free
+//! loopback port with SmolLM2, spoken to over raw HTTP/1.1, `curl`, and
+//! the official `openai` Python package (`scripts/serve_openai_check.py`).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The SmolLM2 path, or `None` (skipping) when it cannot be had.
+fn model_path() -> Option<String> {
+    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
+        Ok(p) => Some(p.to_string_lossy().into_owned()),
+        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");
+            None
+        }
+        Err(e) => panic!("the SmolLM2 model is required: {e}"),
+    }
+}
+
+/// Starts `weft serve --port 0 ARGS` and waits until `/health` says ok.
+fn start(model: &str, args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--model", model, "--port", "0", "--threads", "1"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start weft serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the address line");
+    let addr = line
+        .trim()
+        .strip_prefix("weft serve: listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let server = Server { child, addr };
+    let t0 = Instant::now();
+    loop {
+        let r = get(&server, "/health");
+        if r.status == 200 {
+            assert_eq!(r.json()["status"], "ok");
+            break;
+        }
+        assert_eq!(r.status, 503, "health while loading: {}", r.body);
+        assert_eq!(r.json()["status"], "loading");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the model never loaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+
+    /// The `data:` payloads of a server-sent event stream, checking the
+    /// framing: every event is one `data:` line followed by a blank line.
+    fn events(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for block in self.body.split("\n\n") {
+            if block.is_empty() {
+                continue;
+            }
+            assert!(!block.contains('\n'), "one line per event: {block:?}");
+            let data = block
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("an event that is not `data: `: {block:?}"));
+            out.push(data.to_string());
+        }
+        assert!(self.body.ends_with("\n\n"), "the stream ends an event");
+        out
+    }
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size = std::str::from_utf8(&raw[..eol]).expect("chunk size");
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .expect("hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        raw = &raw[eol + 2..];
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`).
+fn request(server: &Server, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(&server.addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        server.addr,
+        body.len()
+    );
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("send head");
+    // A refused body may be answered before it is all sent.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&raw)));
+    let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("utf-8 body"),
+    }
+}
+
+fn get(server: &Server, path: &str) -> Reply {
+    request(server, "GET", path, &[], b"")
+}
+
+fn post(server: &Server, path: &str, body: &serde_json::Value) -> Reply {
+    request(server, "POST", path, &[], body.to_string().as_bytes())
+}
+
+/// Asserts OpenAI's error shape and returns the error object.
+fn error_of(r: &Reply, status: u16) -> serde_json::Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    let e = r.json()["error"].clone();
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{}",
+        r.body
+    );
+    assert!(e["type"].is_string(), "{}", r.body);
+    e
+}
+
+/// `weft run --temp 0 -n N --format json`: (text, ids).
+fn weft_run(model: &str, prompt: &str, n: usize) -> (String, Vec<u64>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "run",
+            "--model",
+            model,
+            "--threads",
+            "1",
+            "--temp",
+            "0",
+            "--format",
+            "json",
+        ])
+        .args(["--prompt", prompt, "-n", &n.to_string()])
+        .output()
+        .expect("weft run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("run json");
+    let ids = v["generated_ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|i| i.as_u64().expect("id"))
+        .collect();
+    (v["text"].as_str().expect("text").to_string(), ids)
+}
+
+/// A streamed greedy completion: (text, chunks with text, finish reason).
+fn stream_completion(server: &Server, prompt: &str, n: usize) -> (String, usize, String) {
+    let r = post(
+        server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream")));
+    let events = r.events();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    let mut text = String::new();
+    let mut tokens = 0;
+    let mut finish = String::new();
+    for e in &events[..events.len() - 1] {
+        let v: serde_json::Value = serde_json::from_str(e).expect("chunk json");
+        assert_eq!(v["object"], "text_completion");
+        let c = &v["choices"][0];
+        match c["finish_reason"].as_str() {
+            Some(f) => finish = f.to_string(),
+            None => {
+                tokens += 1;
+                text.push_str(c["text"].as_str().expect("chunk text"));
+            }
+        }
+    }
+    (text, tokens, finish)
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time",
+    "The three primary colors are",
+    "def fibonacci(n):",
+    "My favourite food is",
+    "Water boils at",
+    "The quick brown fox",
+    "In 1969, astronauts",
+];
+
+#[test]
+fn serve_openai_endpoints_streaming_and_concurrency() {
+    let Some(model) = model_path() else { return };
+    let server = start(&model, &["--parallel", "4", "--ctx", "512"]);
+
+    // /v1/models names the served id.
+    let models = get(&server, "/v1/models").json();
+    let id = models["data"][0]["id"]
+        .as_str()
+        .expect("model id")
+        .to_string();
+    assert_eq!(id, "SmolLM2-135M-Instruct.Q4_1");
+
+    // Greedy completions are `weft run --temp 0`'s tokens.
+    let (run_text, run_ids) = weft_run(&model, PROMPTS[0], 16);
+    assert_eq!(run_ids.len(), 16);
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"model": id, "prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0}),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], run_text.as_str(), "{}", r.body);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    // Token ids in, the same tokens out.
+    let ids = weft_run_prompt_ids(&model, PROMPTS[0]);
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": ids, "max_tokens": 16, "temperature": 0}),
+    );
+    assert_eq!(r.json()["choices"][0]["text"], run_text.as_str());
+
+    // Streaming: the same text, one chunk per token, framed as SSE.
+    let (text, chunks, finish) = stream_completion(&server, PROMPTS[0], 16);
+    assert_eq!(text, run_text);
+    assert_eq!(chunks, 16);
+    assert_eq!(finish, "length");
+
+    // Stop strings cut before the stop, streamed or not.
+    let stop = "United";
+    let cut = &run_text[..run_text.find(stop).expect("the stop occurs")];
+    for stream in [false, true] {
+        let r = post(
+            &server,
+            "/v1/completions",
+            &serde_json::json!({"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0, "stop": [stop], "stream": stream}),
+        );
+        let text: String = if stream {
+            let events = r.events();
+            events[..events.len() - 1]
+                .iter()
+                .map(|e| {
+                    let v: serde_json::Value = serde_json::from_str(e).expect("chunk");
+                    v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+                })
+                .collect()
+        } else {
+            assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+            r.json()["choices"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_string()
+        };
+        assert_eq!(text, cut, "stream = {stream}");
+    }
+
+    // Chat: streamed deltas add up to the whole answer; usage counts.
+    let chat = serde_json::json!({
+        "model": id,
+        "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+        "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+    });
+    let whole = post(&server, "/v1/chat/completions", &chat).json();
+    let answer = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+    let lps = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs");
+    let completion = whole["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+    assert_eq!(lps.len(), completion);
+    for lp in lps {
+        let top = lp["top_logprobs"].as_array().expect("top");
+        assert_eq!(top.len(), 3);
+        let best = top[0]["logprob"].as_f64().expect("lp");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp["logprob"].as_f64(), Some(best));
+        assert!(best <= 0.0);
+    }
+    let mut streamed = chat.clone();
+    streamed["stream"] = true.into();
+    streamed["stream_options"] = serde_json::json!({"include_usage": true});
+    let r = post(&server, "/v1/chat/completions", &streamed);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let deltas: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(deltas, answer);
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(completion as u64));
+
+    // curl reads the same SSE framing.
+    let curl = Command::new("curl")
+        .args(["-sN", &format!("http://{}/v1/completions", server.addr)])
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(serde_json::json!({"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0, "stream": true}).to_string())
+        .output();
+    match curl {
+        Ok(out) if out.status.success() => {
+            let body = String::from_utf8(out.stdout).expect("utf-8");
+            let reply = Reply {
+                status: 200,
+                headers: String::new(),
+                body,
+            };
+            let events = reply.events();
+            assert_eq!(events.len(), 16 + 2, "16 tokens, the finish chunk, [DONE]");
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        }
+        other => panic!("curl failed: {other:?}"),
+    }
+
+    // Concurrency: every prompt alone, then all eight at once, streaming;
+    // each client gets exactly its solo tokens.
+    let solo: Vec<(String, usize, String)> = PROMPTS
+        .iter()
+        .map(|p| stream_completion(&server, p, 16))
+        .collect();
+    let (run_text_1, _) = weft_run(&model, PROMPTS[1], 16);
+    assert_eq!(solo[1].0, run_text_1);
+    let together: Vec<(String, usize, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = PROMPTS
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || stream_completion(server, p, 16))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    assert_eq!(together, solo);
+    let metrics = get(&server, "/metrics").body;
+    assert!(
+        metric(&metrics, "weft_prompt_tokens_cached_total") > 0.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "weft_time_to_first_token_seconds_count") >= 8.0);
+    wait_for("an idle engine", || {
+        metric(&get(&server, "/metrics").body, "weft_batch_size") == 0.0
+    });
+
+    // The official client.
+    openai_check(&server, &id);
+}
+
+/// `weft tokenize`'s ids of `prompt`.
+fn weft_run_prompt_ids(model: &str, prompt: &str) -> Vec<u64> {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["tokenize", "--model", model, "--text", prompt])
+        .output()
+        .expect("weft tokenize");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("ids")
+}
+
+/// The value of an unlabelled metric.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+}
+
+/// Runs `scripts/serve_openai_check.py` when python3 can import `openai`
+/// (`WEFT_REQUIRE_OPENAI=1`: required).
+fn openai_check(server: &Server, id: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/serve_openai_check.py");
+    let has = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_OPENAI").is_none(),
+            "WEFT_REQUIRE_OPENAI is set but python3 cannot import openai"
+        );
+        eprintln!(
+            "skipping the openai client check: python3 cannot import openai (pip install openai)"
+        );
+        return;
+    }
+    let out = Command::new("python3")
+        .args([script, &format!("http://{}/v1", server.addr), id])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "serve_openai_check.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Opens a streamed completion and reads until its first token chunk;
+/// returns the socket (dropping it disconnects).
+fn open_stream(
+    server: &Server,
+    headers: &[&str],
+    body: &serde_json::Value,
+) -> BufReader<TcpStream> {
+    let mut s = TcpStream::connect(&server.addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        headers.iter().map(|h| format!("{h}\r\n")).collect::<String>(),
+        body.len()
+    )
+    .expect("send");
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).expect("read the stream");
+        assert!(n > 0, "the stream ended before its first token");
+        if line.starts_with("data: {") {
+            return reader;
+        }
+    }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_refuses_bad_requests_and_bounds_its_queue() {
+    let Some(model) = model_path() else { return };
+    let server = start(
+        &model,
+        &[
+            "--parallel",
+            "1",
+            "--queue",
+            "1",
+            "--ctx",
+            "64",
+            "--max-body",
+            "4096",
+            "--api-key",
+            "sekrit",
+        ],
+    );
+    let key = "Authorization: Bearer sekrit";
+    let call = |path: &str, body: &serde_json::Value| {
+        request(&server, "POST", path, &[key], body.to_string().as_bytes())
+    };
+    let ok = serde_json::json!({"prompt": "Hello", "max_tokens": 2, "temperature": 0});
+
+    // The key: missing or wrong is 401; /health needs none.
+    let e = error_of(&post(&server, "/v1/completions", &ok), 401);
+    assert_eq!(e["code"], "invalid_api_key");
+    let wrong = request(
+        &server,
+        "POST",
+        "/v1/completions",
+        &["Authorization: Bearer sekriT"],
+        ok.to_string().as_bytes(),
+    );
+    assert_eq!(error_of(&wrong, 401)["code"], "invalid_api_key");
+    assert_eq!(
+        error_of(&get(&server, "/v1/models"), 401)["code"],
+        "invalid_api_key"
+    );
+    assert_eq!(get(&server, "/health").status, 200);
+    assert_eq!(call("/v1/completions", &ok).status, 200);
+
+    // Malformed JSON, wrong types, oversized bodies, unknown models and routes.
+    let r = request(&server, "POST", "/v1/completions", &[key], b"{\"prompt\": ");
+    assert!(error_of(&r, 400)["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("not valid JSON"));
+    let r = call(
+        "/v1/chat/completions",
+        &serde_json::json!({"messages": "hi"}),
+    );
+    error_of(&r, 400);
+    let big = serde_json::json!({"prompt": "x".repeat(5000)});
+    let r = call("/v1/completions", &big);
+    assert!(error_of(&r, 413)["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("4096"));
+    let r = call(
+        "/v1/completions",
+        &serde_json::json!({"model": "gpt-4", "prompt": "Hi"}),
+    );
+    let e = error_of(&r, 404);
+    assert_eq!(e["code"], "model_not_found");
+    assert!(e["message"].as_str().unwrap_or("").contains("gpt-4"));
+    let r = call(
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Hi", "n": 2}),
+    );
+    assert_eq!(error_of(&r, 400)["param"], "n");
+    let r = request(&server, "GET", "/v1/nothing", &[key], b"");
+    error_of(&r, 404);
+
+    // A prompt longer than the context: 400 naming both lengths.
+    let long = "one two three four five six seven eight nine ten ".repeat(10);
+    let r = call(
+        "/v1/completions",
+        &serde_json::json!({"prompt": long, "max_tokens": 4}),
+    );
+    let e = error_of(&r, 400);
+    assert_eq!(e["code"], "context_length_exceeded");
+    let msg = e["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("the prompt has 101 tokens") && msg.contains("64"),
+        "{msg}"
+    );
+    // The same error before a stream starts: a status, not an event.
+    let r = call(
+        "/v1/completions",
+        &serde_json::json!({"prompt": long, "stream": true}),
+    );
+    error_of(&r, 400);
+
+    // The queue: one running, one waiting, the next refused with 503.
+    let metrics = || request(&server, "GET", "/metrics", &[key], b"").body;
+    let running = open_stream(
+        &server,
+        &[key],
+        &serde_json::json!({"prompt": "Once upon a time", "max_tokens": 55, "temperature": 0, "stream": true}),
+    );
+    let waiting = std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            call(
+                "/v1/completions",
+                &serde_json::json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0}),
+            )
+        });
+        wait_for("a queued request", || {
+            metric(&metrics(), "weft_queue_depth") == 1.0
+        });
+        let r = call("/v1/completions", &ok);
+        error_of(&r, 503);
+        assert!(r.header("retry-after").is_some(), "{}", r.headers);
+        // The client of the running request goes away mid-stream: its
+        // sequence is cancelled and the waiting request runs.
+        drop(running);
+        waiting.join().expect("waiting client")
+    });
+    assert_eq!(waiting.status, 200, "{}", waiting.body);
+    wait_for("an idle engine", || {
+        metric(&metrics(), "weft_batch_size") == 0.0
+    });
+    let m = metrics();
+    let generated = metric(&m, "weft_completion_tokens_total");
+    assert!(
+        generated < 2.0 + 55.0 + 4.0,
+        "the cancelled stream ran on: {m}"
+    );
+}
+
+#[test]
+fn serve_recovers_failed_steps_times_out_and_shuts_down() {
+    let Some(model) = model_path() else { return };
+    let (run_text, _) = weft_run(&model, PROMPTS[2], 16);
+    // The 100th ffn_gate node fails once: a decode step of the first request.
+    let server = start(
+        &model,
+        &["--inject-fault", "ffn_gate:100", "--timeout", "8"],
+    );
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], run_text.as_str());
+    let m = get(&server, "/metrics").body;
+    assert_eq!(metric(&m, "weft_lane_recoveries_total"), 1.0, "{m}");
+
+    // A request past its time limit: 504.
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Count:", "max_tokens": 3000, "temperature": 0}),
+    );
+    assert_eq!(error_of(&r, 504)["code"], "timeout");
+
+    // SIGTERM mid-stream: the stream still finishes, then the server exits.
+    let mut stream = open_stream(
+        &server,
+        &[],
+        &serde_json::json!({"prompt": PROMPTS[3], "max_tokens": 24, "temperature": 0, "stream": true}),
+    );
+    let pid = server.child.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let mut rest = String::new();
+    let _ = stream.read_to_string(&mut rest);
+    assert!(rest.contains("data: [DONE]"), "the stream was cut: {rest}");
+    let tokens = rest.matches("\"finish_reason\":null").count();
+    assert_eq!(tokens, 23, "the tokens after the first: {rest}");
+    let mut server = server;
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    assert!(TcpStream::connect(&server.addr).is_err(), "still accepting");
+}
