@@ -23,8 +23,8 @@ pub struct ServeArgs {
     /// Context length of each sequence (default: the model's, at most 4096).
     #[arg(long)]
     ctx: Option<u32>,
-    /// Require `Authorization: Bearer KEY` (default: `WEFT_API_KEY` if set).
-    #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
+    /// Require `Authorization: Bearer KEY` on every endpoint but `/health`.
+    #[arg(long)]
     api_key: Option<String>,
     /// Requests that may wait for a slot; more are refused with 503.
     #[arg(long, default_value_t = 64)]

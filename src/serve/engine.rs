@@ -71,7 +71,7 @@ impl Shared {
         )
     }
 
-    fn set_health(&self, h: Health) {
+    pub fn set_health(&self, h: Health) {
         if let Ok(mut g) = self.health.lock() {
             *g = h;
         }
@@ -239,7 +239,6 @@ impl<'m> Engine<'m> {
             Ok(tokens) => self.waiting.push_back(Waiting { job, tokens }),
             Err(e) => {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-                Metrics::add(&self.shared.metrics.requests_failed, 1);
                 let _ = job.events.send(Event::Error(e));
             }
         }
@@ -301,7 +300,6 @@ impl<'m> Engine<'m> {
             if gone || late {
                 shared.queued.fetch_sub(1, Ordering::Relaxed);
                 if late && !gone {
-                    Metrics::add(&shared.metrics.requests_failed, 1);
                     let secs = (w.job.deadline - w.job.received).as_secs_f64();
                     let _ = w.job.events.send(Event::Error(ApiError::timeout(secs)));
                 }
@@ -333,7 +331,6 @@ impl<'m> Engine<'m> {
             None => match self.fresh_cache() {
                 Ok(c) => (c, 0, None, None),
                 Err(e) => {
-                    Metrics::add(&self.shared.metrics.requests_failed, 1);
                     let _ = job.events.send(Event::Error(e));
                     return None;
                 }
@@ -547,7 +544,6 @@ impl<'m> Engine<'m> {
                     });
                 }
                 Some(Outcome::Failed(e)) => {
-                    Metrics::add(&metrics.requests_failed, 1);
                     let _ = lane.job.events.send(Event::Error(e));
                 }
                 Some(Outcome::Cancelled) | None => {}
@@ -599,5 +595,8 @@ impl<'m> Engine<'m> {
             &m.kv_capacity_tokens,
             self.caches_made as u64 * self.ctx as u64,
         );
+        let c = self.exec.counters();
+        Metrics::set(&m.commits, c.commits);
+        Metrics::set(&m.planned_commits, c.planned_commits);
     }
 }

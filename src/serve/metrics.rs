@@ -60,6 +60,9 @@ pub struct Metrics {
     pub kv_used_tokens: AtomicU64,
     pub kv_capacity_tokens: AtomicU64,
     pub lane_recoveries: AtomicU64,
+    /// Command buffers committed, and those that reused a step plan.
+    pub commits: AtomicU64,
+    pub planned_commits: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
 }
@@ -77,6 +80,8 @@ impl Default for Metrics {
             kv_used_tokens: AtomicU64::new(0),
             kv_capacity_tokens: AtomicU64::new(0),
             lane_recoveries: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            planned_commits: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
         }
@@ -140,6 +145,16 @@ impl Metrics {
                 "weft_lane_recoveries_total",
                 "Sequences reset and replayed after a failed step.",
                 &self.lane_recoveries,
+            ),
+            (
+                "weft_commits_total",
+                "Steps committed to the executor.",
+                &self.commits,
+            ),
+            (
+                "weft_planned_commits_total",
+                "Commits that reused a kept step plan (no fusion or scheduling).",
+                &self.planned_commits,
             ),
         ];
         for (name, help, c) in counters {

@@ -69,7 +69,16 @@ pub fn serve(opts: ServeOptions, loader: Loader) -> Result<()> {
         let config = opts.engine.clone();
         std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || engine::run(loader, config, shared, rx))
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    engine::run(loader, config, shared.clone(), rx)
+                }));
+                if ran.is_err() {
+                    shared.set_health(engine::Health::Degraded(
+                        "the engine thread panicked; restart the server".into(),
+                    ));
+                }
+            })
             .context("cannot start the engine thread")?
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -10,9 +10,11 @@
 //! began is sent as `data: {"error": ...}` and the stream ends without
 //! `[DONE]`.
 
+use super::engine::Shared;
 use super::error::ApiError;
 use super::handlers::AppState;
 use super::job::{Event, FinishReason, TokenLogprob};
+use super::metrics::Metrics;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -20,6 +22,7 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -137,7 +140,13 @@ pub async fn respond(
         model: st.model_id.clone(),
     };
     if stream {
-        Ok(stream_response(header, first, rx, include_usage))
+        Ok(stream_response(
+            header,
+            first,
+            rx,
+            include_usage,
+            st.shared.clone(),
+        ))
     } else {
         whole_response(header, first, rx).await
     }
@@ -216,6 +225,8 @@ struct Streaming {
     started: bool,
     include_usage: bool,
     ended: bool,
+    /// Counts an error sent after the stream began.
+    shared: Arc<Shared>,
 }
 
 impl Streaming {
@@ -283,6 +294,7 @@ impl Streaming {
                 self.ended = true;
             }
             Event::Error(e) => {
+                Metrics::add(&self.shared.metrics.requests_failed, 1);
                 self.data(e.body());
                 self.ended = true;
             }
@@ -295,6 +307,7 @@ fn stream_response(
     first: Event,
     rx: UnboundedReceiver<Event>,
     include_usage: bool,
+    shared: Arc<Shared>,
 ) -> Response {
     let state = Streaming {
         header,
@@ -304,6 +317,7 @@ fn stream_response(
         started: false,
         include_usage,
         ended: false,
+        shared,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         loop {
