@@ -8,6 +8,7 @@ logprobs, usage, and errors (unknown model -> NotFoundError, n = 2 ->
 BadRequestError). Exits non-zero on the first failed check.
 """
 
+import concurrent.futures
 import sys
 
 import openai
@@ -100,6 +101,27 @@ def main() -> None:
         raise AssertionError("n = 2 was accepted")
     except openai.BadRequestError as e:
         assert e.status_code == 400, e
+
+    # Load: 16 concurrent greedy streams, each exactly its solo tokens.
+    prompts = [f"Item {i}: a short fact about the number {i} is" for i in range(16)]
+
+    def streamed(prompt):
+        parts, finish = [], None
+        for chunk in client.completions.create(
+            model=model, prompt=prompt, max_tokens=8, temperature=0, stream=True
+        ):
+            for c in chunk.choices:
+                if c.finish_reason:
+                    finish = c.finish_reason
+                else:
+                    parts.append(c.text)
+        return len(parts), "".join(parts), finish
+
+    solo = [streamed(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        together = list(pool.map(streamed, prompts))
+    assert together == solo, (together, solo)
+    assert all(n == 8 and f == "length" for n, _, f in solo), solo
 
     print("openai client checks passed")
 

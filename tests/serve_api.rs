@@ -300,14 +300,42 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 16);
     assert_eq!(v["usage"]["prompt_tokens"], 5);
-    // Token ids in, the same tokens out.
+    // Prefix reuse: a prompt that extends the finished sequence (its
+    // prompt and generated ids) continues from its cache and gives the
+    // tokens an uninterrupted greedy run gives.
     let ids = weft_run_prompt_ids(&model, PROMPTS[0]);
+    let (run_text_32, run_ids_32) = weft_run(&model, PROMPTS[0], 32);
+    assert!(run_text_32.starts_with(&run_text));
+    let extended: Vec<u64> = ids.iter().chain(&run_ids_32[..16]).copied().collect();
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": extended, "max_tokens": 16, "temperature": 0}),
+    );
+    let v = r.json();
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"],
+        ids.len() + 15,
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        v["choices"][0]["text"],
+        &run_text_32[run_text.len()..],
+        "{}",
+        r.body
+    );
+    // Token ids in, the same tokens out (the kept prompt end, no prefill).
     let r = post(
         &server,
         "/v1/completions",
         &serde_json::json!({"prompt": ids, "max_tokens": 16, "temperature": 0}),
     );
     assert_eq!(r.json()["choices"][0]["text"], run_text.as_str());
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        ids.len()
+    );
 
     // Streaming: the same text, one chunk per token, framed as SSE.
     let (text, chunks, finish) = stream_completion(&server, PROMPTS[0], 16);

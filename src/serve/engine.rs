@@ -84,6 +84,9 @@ impl Default for Shared {
     }
 }
 
+/// Rollback points kept per sequence.
+const MAX_POINTS: usize = 4;
+
 /// Loads the executor and the model on the engine thread.
 pub type Loader = Box<dyn FnOnce() -> anyhow::Result<(GraphExecutor, Model, ChunkPolicy)> + Send>;
 
@@ -123,7 +126,11 @@ struct Lane<'m> {
     generated: usize,
     max_new: usize,
     text: StopText<'m>,
-    prompt_end: Option<ResumePoint>,
+    /// Points this sequence can be rolled back to: its prompt's end and
+    /// those of the kept sequence it continued.
+    points: Vec<ResumePoint>,
+    /// Whether `points` holds this prompt's end.
+    prompt_end_taken: bool,
     cached: usize,
     recoveries: u32,
     last_token: Option<Instant>,
@@ -325,11 +332,10 @@ impl<'m> Engine<'m> {
     /// can be had.
     fn start_lane(&mut self, w: Waiting) -> Option<Lane<'m>> {
         let Waiting { job, tokens } = w;
-        let (cache, position, logits, prompt_end) = match self.prefix.take(&mut self.exec, &tokens)
-        {
-            Some(r) => (r.cache, r.position, r.logits, r.prompt_end),
+        let (cache, position, logits, points) = match self.prefix.take(&mut self.exec, &tokens) {
+            Some(r) => (r.cache, r.position, r.logits, r.points),
             None => match self.fresh_cache() {
-                Ok(c) => (c, 0, None, None),
+                Ok(c) => (c, 0, None, Vec::new()),
                 Err(e) => {
                     let _ = job.events.send(Event::Error(e));
                     return None;
@@ -352,7 +358,8 @@ impl<'m> Engine<'m> {
             generated: 0,
             max_new,
             text: StopText::new(self.model, stop),
-            prompt_end,
+            prompt_end_taken: points.last().is_some_and(|p| p.position == tokens.len()),
+            points,
             cached: position,
             recoveries: 0,
             last_token: None,
@@ -437,9 +444,13 @@ impl<'m> Engine<'m> {
             return;
         }
         let lane = &mut self.lanes[i];
-        if lane.tokens.len() == lane.prompt_len && lane.prompt_end.is_none() {
+        if lane.tokens.len() == lane.prompt_len && !lane.prompt_end_taken {
+            lane.prompt_end_taken = true;
             if let Ok(snapshot) = lane.cache.snapshot(&mut self.exec) {
-                lane.prompt_end = Some(ResumePoint {
+                if lane.points.len() >= MAX_POINTS {
+                    lane.points.remove(0);
+                }
+                lane.points.push(ResumePoint {
                     snapshot: Some(snapshot),
                     position: lane.prompt_len,
                     logits: lane.logits.clone(),
@@ -472,7 +483,8 @@ impl<'m> Engine<'m> {
         replay.append(&mut lane.pending);
         lane.pending = replay;
         lane.cache.reset();
-        lane.prompt_end = None;
+        lane.points.clear();
+        lane.prompt_end_taken = false;
     }
 
     /// Draws the next token of sequence `i` from its logits and sends it.
@@ -553,7 +565,7 @@ impl<'m> Engine<'m> {
                 end_logits: (lane.to_step.is_none() && lane.pending.is_empty())
                     .then_some(lane.logits),
                 tokens: lane.tokens,
-                prompt_end: lane.prompt_end,
+                points: lane.points,
             });
             self.free.extend(freed);
         }

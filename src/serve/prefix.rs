@@ -2,14 +2,16 @@
 //! with a kept sequence's tokens continues from its rows instead of
 //! prefilling them again.
 //!
-//! A kept sequence offers two points to continue from: its end (the cache
-//! as it stopped, with the logits of its last step) and the end of its
-//! prompt (a snapshot, restored with `KvCache::restore`, with the logits
-//! the prompt produced). A point `p` serves a new prompt when the prompt's
-//! first `p` tokens are the kept sequence's; then only the rest of the
-//! prompt is prefilled, and a prompt equal to the first `p` tokens needs no
-//! step at all (the kept logits are the ones a prefill would give). The
-//! store is a least-recently-used list of a fixed number of caches.
+//! A kept sequence offers points to continue from: its end (the cache as
+//! it stopped, with the logits of its last step) and the ends of the
+//! prompts it served (snapshots, restored with `KvCache::restore`, with the
+//! logits each prompt produced; a sequence that continued an earlier one
+//! keeps that one's points below its own). A point `p` serves a new prompt
+//! when the prompt's first `p` tokens are the kept sequence's; then only
+//! the rest of the prompt is prefilled, and a prompt equal to the first `p`
+//! tokens needs no step at all (the kept logits are the ones a prefill
+//! would give). The store is a least-recently-used list of a fixed number
+//! of caches.
 
 use crate::runtime::cache::{KvCache, Snapshot};
 use crate::runtime::GraphExecutor;
@@ -27,8 +29,8 @@ pub struct KeptSequence {
     pub cache: KvCache,
     /// The tokens whose rows the cache holds, in order.
     pub tokens: Vec<u32>,
-    /// The end of its prompt (a snapshot), if it was taken.
-    pub prompt_end: Option<ResumePoint>,
+    /// Prompt ends it can be rolled back to (snapshots), in order.
+    pub points: Vec<ResumePoint>,
     /// The logits after the cache's last token.
     pub end_logits: Option<Vec<f32>>,
 }
@@ -40,8 +42,8 @@ pub struct Reused {
     pub position: usize,
     /// The logits after them, when they are the whole prompt.
     pub logits: Option<Vec<f32>>,
-    /// The prompt-end point, when the reuse restored exactly the prompt.
-    pub prompt_end: Option<ResumePoint>,
+    /// The kept points still valid at `position` (at or below it).
+    pub points: Vec<ResumePoint>,
 }
 
 /// The kept sequences, most recently used last.
@@ -98,55 +100,69 @@ impl PrefixStore {
     /// The kept cache that covers the longest start of `prompt`, moved to
     /// that point; `None` when no kept sequence shares a usable prefix.
     pub fn take(&mut self, exec: &mut GraphExecutor, prompt: &[u32]) -> Option<Reused> {
-        // (index, position, from the prompt-end snapshot)
-        let mut best: Option<(usize, usize, bool)> = None;
+        // (kept index, position, the point's index or None for the end)
+        let mut best: Option<(usize, usize, Option<usize>)> = None;
         for (i, k) in self.kept.iter().enumerate() {
             let shared = common_prefix(&k.tokens, prompt);
             let end = k.tokens.len();
-            let end_ok = end <= shared
-                && (end < prompt.len() || (end == prompt.len() && k.end_logits.is_some()));
-            let mut consider = |p: usize, snap: bool| {
+            let mut consider = |p: usize, point: Option<usize>| {
                 if p > 0 && best.is_none_or(|(_, q, _)| p > q) {
-                    best = Some((i, p, snap));
+                    best = Some((i, p, point));
                 }
             };
-            if end_ok {
-                consider(end, false);
+            if end <= shared
+                && (end < prompt.len() || (end == prompt.len() && k.end_logits.is_some()))
+            {
+                consider(end, None);
             }
-            if let Some(pe) = &k.prompt_end {
-                if pe.position <= shared && pe.position <= prompt.len() && pe.position < end {
-                    consider(pe.position, true);
+            for (j, pt) in k.points.iter().enumerate() {
+                if pt.position <= shared && pt.position <= prompt.len() && pt.position < end {
+                    consider(pt.position, Some(j));
                 }
             }
         }
-        let (i, position, from_snapshot) = best?;
+        let (i, position, point) = best?;
         let mut k = self.kept.remove(i);
-        if from_snapshot {
-            let point = k.prompt_end.take()?;
-            let snapshot = point.snapshot.as_ref()?;
-            if k.cache.restore(exec, snapshot).is_err() {
-                k.cache.reset();
-                return Some(Reused {
-                    cache: k.cache,
-                    position: 0,
-                    logits: None,
-                    prompt_end: None,
-                });
-            }
-            let whole = position == prompt.len();
-            return Some(Reused {
-                cache: k.cache,
-                position,
-                logits: whole.then(|| point.logits.clone()),
-                prompt_end: whole.then_some(point),
-            });
-        }
         let whole = position == prompt.len();
+        let logits = match point {
+            None => {
+                k.points.retain(|p| p.position <= position);
+                if whole {
+                    k.end_logits
+                } else {
+                    None
+                }
+            }
+            Some(j) => {
+                let restored = match &k.points[j].snapshot {
+                    Some(snapshot) => k.cache.restore(exec, snapshot).is_ok(),
+                    None => false,
+                };
+                if !restored {
+                    k.cache.reset();
+                    return Some(Reused {
+                        cache: k.cache,
+                        position: 0,
+                        logits: None,
+                        points: Vec::new(),
+                    });
+                }
+                k.points.retain(|p| p.position <= position);
+                whole
+                    .then(|| {
+                        k.points
+                            .iter()
+                            .find(|p| p.position == position)
+                            .map(|p| p.logits.clone())
+                    })
+                    .flatten()
+            }
+        };
         Some(Reused {
             cache: k.cache,
             position,
-            logits: if whole { k.end_logits } else { None },
-            prompt_end: None,
+            logits,
+            points: k.points,
         })
     }
 }
