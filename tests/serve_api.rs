@@ -277,7 +277,10 @@ const PROMPTS: [&str; 8] = [
 #[test]
 fn serve_openai_endpoints_streaming_and_concurrency() {
     let Some(model) = model_path() else { return };
-    let server = start(&model, &["--parallel", "4", "--ctx", "512"]);
+    let server = start(
+        &model,
+        &["--parallel", "4", "--ctx", "512", "--prefill-chunk", "64"],
+    );
 
     // /v1/models names the served id.
     let models = get(&server, "/v1/models").json();
@@ -468,8 +471,77 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
         metric(&get(&server, "/metrics").body, "weft_batch_size") == 0.0
     });
 
+    // A long prompt is prefilled 64 tokens a round while another sequence
+    // keeps decoding, and still gives `weft run`'s tokens (one chunk there).
+    let long_prompt = "The history of the city includes many events, and ".repeat(30);
+    let (long_text, _) = weft_run(&model, &long_prompt, 8);
+    let (decoding, (submitted, long)) = std::thread::scope(|s| {
+        let (started, first_token) = std::sync::mpsc::channel();
+        let server = &server;
+        let a = s.spawn(move || timed_stream(server, PROMPTS[5], 48, Some(started)));
+        first_token.recv().expect("the first stream started");
+        let submitted = Instant::now();
+        let b = timed_stream(server, &long_prompt, 8, None);
+        (a.join().expect("decoding client"), (submitted, b))
+    });
+    assert_eq!(long.0, long_text);
+    assert_eq!(decoding.1.len(), 48);
+    let first_long = long.1[0];
+    let between = decoding
+        .1
+        .iter()
+        .filter(|&&t| t > submitted && t < first_long)
+        .count();
+    assert!(
+        between >= 3,
+        "only {between} tokens of the other stream while 300 prompt tokens were prefilled"
+    );
+
     // The official client.
     openai_check(&server, &id);
+}
+
+/// A streamed greedy completion read as it arrives: (text, the arrival
+/// time of each token chunk). `started` hears of the first token.
+fn timed_stream(
+    server: &Server,
+    prompt: &str,
+    n: usize,
+    started: Option<std::sync::mpsc::Sender<()>>,
+) -> (String, Vec<Instant>) {
+    let body =
+        serde_json::json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": true});
+    let mut s = TcpStream::connect(&server.addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut text = String::new();
+    let mut times = Vec::new();
+    let mut line = String::new();
+    let mut reader = BufReader::new(s);
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).expect("read") == 0 {
+            break;
+        }
+        let Some(data) = line.trim().strip_prefix("data: {") else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&format!("{{{data}")).expect("chunk");
+        if v["choices"][0]["finish_reason"].is_null() {
+            times.push(Instant::now());
+            text.push_str(v["choices"][0]["text"].as_str().expect("text"));
+            if let (1, Some(tx)) = (times.len(), &started) {
+                let _ = tx.send(());
+            }
+        }
+    }
+    (text, times)
 }
 
 /// `weft tokenize`'s ids of `prompt`.

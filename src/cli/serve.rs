@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Finished sequences whose caches are kept for prefix reuse.
     #[arg(long, default_value_t = 4)]
     keep: usize,
+    /// Most prompt tokens a sequence prefills per round (a long prompt
+    /// takes several rounds, the others decoding in between).
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: u32,
     /// The model id served (default: the model file's name without `.gguf`).
     #[arg(long)]
     alias: Option<String>,
@@ -61,6 +65,7 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 pub fn run(a: ServeArgs) -> Result<()> {
     anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(a.queue >= 1, "--queue must be at least 1");
+    anyhow::ensure!(a.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
     if let Some(c) = a.ctx {
         anyhow::ensure!(c >= 2, "--ctx {c}: give at least 2 tokens");
     }
@@ -101,6 +106,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             parallel: a.parallel,
             ctx: a.ctx,
             keep: a.keep,
+            prefill_chunk: a.prefill_chunk,
         },
     };
     let model_args = a.model;

@@ -99,6 +99,9 @@ pub struct EngineConfig {
     pub ctx: Option<u32>,
     /// Finished sequences kept for prefix reuse.
     pub keep: usize,
+    /// Largest prefill chunk (tokens) a sequence takes per round, below
+    /// the model's chunk policy, so a long prompt yields to the others.
+    pub prefill_chunk: u32,
 }
 
 /// How a sequence ended.
@@ -148,6 +151,7 @@ struct Engine<'m> {
     exec: GraphExecutor,
     model: &'m Model,
     policy: ChunkPolicy,
+    prefill_chunk: u32,
     ctx: u32,
     parallel: usize,
     caches_limit: usize,
@@ -188,6 +192,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         exec,
         model: &model,
         policy,
+        prefill_chunk: config.prefill_chunk.max(1),
         ctx,
         parallel,
         caches_limit: parallel + config.keep,
@@ -415,6 +420,7 @@ impl<'m> Engine<'m> {
             let n = self
                 .policy
                 .next_chunk(lane.pending.len() as u32, lane.cache.position())
+                .min(self.prefill_chunk)
                 .min(lane.cache.config().max_chunk) as usize;
             let chunk = &lane.pending[..n];
             match model.step(&mut self.exec, &mut lane.cache, chunk, LogitRows::Last) {
