@@ -773,7 +773,14 @@ fn serve_recovers_failed_steps_times_out_and_shuts_down() {
     // The 100th ffn_gate node fails once: a decode step of the first request.
     let server = start(
         &model,
-        &["--inject-fault", "ffn_gate:100", "--timeout", "8"],
+        &[
+            "--inject-fault",
+            "ffn_gate:100",
+            "--timeout",
+            "8",
+            "--shutdown-grace",
+            "4",
+        ],
     );
     let r = post(
         &server,
@@ -793,11 +800,18 @@ fn serve_recovers_failed_steps_times_out_and_shuts_down() {
     );
     assert_eq!(error_of(&r, 504)["code"], "timeout");
 
-    // SIGTERM mid-stream: the stream still finishes, then the server exits.
-    let mut stream = open_stream(
+    // SIGTERM mid-stream: a short stream still finishes; one that would
+    // outlast --shutdown-grace is cancelled with an error event (no
+    // [DONE]); then the server exits.
+    let mut short = open_stream(
         &server,
         &[],
-        &serde_json::json!({"prompt": PROMPTS[3], "max_tokens": 24, "temperature": 0, "stream": true}),
+        &serde_json::json!({"prompt": PROMPTS[3], "max_tokens": 16, "temperature": 0, "stream": true}),
+    );
+    let mut long = open_stream(
+        &server,
+        &[],
+        &serde_json::json!({"prompt": PROMPTS[4], "max_tokens": 3000, "temperature": 0, "stream": true}),
     );
     let pid = server.child.id().to_string();
     let killed = Command::new("kill")
@@ -806,10 +820,14 @@ fn serve_recovers_failed_steps_times_out_and_shuts_down() {
         .expect("kill");
     assert!(killed.success());
     let mut rest = String::new();
-    let _ = stream.read_to_string(&mut rest);
+    let _ = short.read_to_string(&mut rest);
     assert!(rest.contains("data: [DONE]"), "the stream was cut: {rest}");
     let tokens = rest.matches("\"finish_reason\":null").count();
-    assert_eq!(tokens, 23, "the tokens after the first: {rest}");
+    assert_eq!(tokens, 15, "the tokens after the first: {rest}");
+    let mut rest = String::new();
+    let _ = long.read_to_string(&mut rest);
+    assert!(!rest.contains("[DONE]"), "the long stream finished: {rest}");
+    assert!(rest.contains("shutting down"), "no error event: {rest}");
     let mut server = server;
     let t0 = Instant::now();
     let status = loop {

@@ -192,3 +192,65 @@ pub fn completion_prompt(prompt: &Value) -> Result<PromptInput, ApiError> {
         _ => Err(bad()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stop_takes_a_string_or_up_to_four() {
+        assert_eq!(stop_strings(&None).ok(), Some(vec![]));
+        assert_eq!(
+            stop_strings(&Some(json!("\n"))).ok(),
+            Some(vec!["\n".to_string()])
+        );
+        assert_eq!(
+            stop_strings(&Some(json!(["a", "", "b"]))).ok(),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        let five = stop_strings(&Some(json!(["a", "b", "c", "d", "e"]))).unwrap_err();
+        assert!(five.message.contains("at most 4"), "{}", five.message);
+        assert_eq!(five.param.as_deref(), Some("stop"));
+        assert!(stop_strings(&Some(json!([1]))).is_err());
+    }
+
+    #[test]
+    fn prompts_are_text_or_token_ids() {
+        assert!(matches!(completion_prompt(&json!("hi")), Ok(PromptInput::Text(t)) if t == "hi"));
+        assert!(matches!(completion_prompt(&json!(["hi"])), Ok(PromptInput::Text(t)) if t == "hi"));
+        assert!(
+            matches!(completion_prompt(&json!([1, 2])), Ok(PromptInput::Ids(i)) if i == [1, 2])
+        );
+        assert!(completion_prompt(&json!(["a", "b"])).is_err());
+        assert!(completion_prompt(&json!([])).is_err());
+        assert!(completion_prompt(&json!([5_000_000_000u64])).is_err());
+        assert!(completion_prompt(&json!(3)).is_err());
+    }
+
+    #[test]
+    fn chat_messages_need_a_role_and_text() {
+        let m = chat_messages(&[
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            json!({"role": "assistant", "content": null}),
+        ])
+        .expect("valid messages");
+        assert_eq!(m[0].content, "ab");
+        assert_eq!(m[1].content, "");
+        assert!(chat_messages(&[]).is_err());
+        let e = chat_messages(&[json!({"content": "x"})]).unwrap_err();
+        assert!(e.message.contains("messages[0]"), "{}", e.message);
+        assert!(
+            chat_messages(&[json!({"role": "user", "content": [{"type": "image_url"}]})]).is_err()
+        );
+    }
+
+    #[test]
+    fn malformed_json_and_wrong_types_are_told_apart() {
+        let e = parse_body::<ChatRequest>(b"{\"messages\": [").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        let e = parse_body::<ChatRequest>(b"{\"messages\": 3}").unwrap_err();
+        assert!(e.message.contains("does not match"), "{}", e.message);
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+    }
+}

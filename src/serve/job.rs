@@ -163,3 +163,71 @@ pub fn gen_params(f: &SamplingFields, logprobs: Option<usize>) -> Result<GenPara
         logprobs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_fields_are_checked() {
+        let f = SamplingFields {
+            temperature: Some(0.0),
+            max_tokens: Some(16),
+            seed: Some(7),
+            ..Default::default()
+        };
+        let p = gen_params(&f, Some(2)).expect("valid");
+        assert_eq!(p.sampling.temperature, 0.0);
+        assert_eq!(p.sampling.seed, 7);
+        assert_eq!(p.max_tokens, Some(16));
+        assert_eq!(p.logprobs, Some(2));
+        let bad = |f: SamplingFields, param: &str| {
+            let e = gen_params(&f, None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        };
+        bad(
+            SamplingFields {
+                n: Some(2),
+                ..Default::default()
+            },
+            "n",
+        );
+        bad(
+            SamplingFields {
+                max_tokens: Some(0),
+                ..Default::default()
+            },
+            "max_tokens",
+        );
+        bad(
+            SamplingFields {
+                temperature: Some(-1.0),
+                ..Default::default()
+            },
+            "temperature",
+        );
+        bad(
+            SamplingFields {
+                top_p: Some(0.0),
+                ..Default::default()
+            },
+            "top_p",
+        );
+        bad(
+            SamplingFields {
+                min_p: Some(1.5),
+                ..Default::default()
+            },
+            "min_p",
+        );
+        // top_k <= 0 turns it off.
+        let p = gen_params(
+            &SamplingFields {
+                top_k: Some(-1),
+                ..Default::default()
+            },
+            None,
+        );
+        assert_eq!(p.map(|p| p.sampling.top_k).ok(), Some(0));
+    }
+}
