@@ -843,3 +843,55 @@ fn serve_recovers_failed_steps_times_out_and_shuts_down() {
     assert!(status.success(), "exit status {status}");
     assert!(TcpStream::connect(&server.addr).is_err(), "still accepting");
 }
+
+#[test]
+fn serve_reports_a_model_that_fails_to_load_as_degraded() {
+    let dir = std::env::temp_dir().join(format!("weft-serve-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("broken.gguf");
+    std::fs::write(&bad, b"this is not a GGUF file").expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--threads", "1", "--model"])
+        .arg(&bad)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start weft serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the address line");
+    let addr = line
+        .trim()
+        .strip_prefix("weft serve: listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let server = Server { child, addr };
+    wait_for("a degraded health", || {
+        get(&server, "/health").body.contains("degraded")
+    });
+    let h = get(&server, "/health");
+    assert_eq!(h.status, 503);
+    assert!(
+        h.json()["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("failed to load"),
+        "{}",
+        h.body
+    );
+    let r = post(
+        &server,
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Hi"}),
+    );
+    let e = error_of(&r, 503);
+    assert!(
+        e["message"].as_str().unwrap_or("").contains("broken.gguf"),
+        "{}",
+        r.body
+    );
+    assert!(r.header("retry-after").is_some());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -50,7 +50,7 @@ impl<'m> StopText<'m> {
         // A stop string may start in text already held back.
         let search_from = self.emitted;
         self.text.push_str(&piece);
-        if let Some(at) = self.first_stop(search_from) {
+        if let Some(at) = first_stop(&self.text, search_from, &self.stop) {
             self.text.truncate(at);
             self.stopped = true;
             return Ok(Pushed {
@@ -58,7 +58,7 @@ impl<'m> StopText<'m> {
                 stopped: true,
             });
         }
-        let safe = self.text.len() - self.held_back();
+        let safe = self.text.len() - held_back(&self.text[self.emitted..], &self.stop);
         Ok(Pushed {
             text: self.take(safe),
             stopped: false,
@@ -82,32 +82,58 @@ impl<'m> StopText<'m> {
         self.emitted = upto;
         out
     }
+}
 
-    /// Byte offset of the earliest stop string at or after `from`.
-    fn first_stop(&self, from: usize) -> Option<usize> {
-        self.stop
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-            .min()
-    }
+/// Byte offset of the earliest stop string in `text` at or after `from`.
+fn first_stop(text: &str, from: usize, stop: &[String]) -> Option<usize> {
+    stop.iter()
+        .filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i))
+        .min()
+}
 
-    /// Length of the longest tail of the text that begins some stop string
-    /// (it may become one), on a character boundary.
-    fn held_back(&self) -> usize {
-        let tail = &self.text[self.emitted..];
-        let mut hold = 0;
-        for s in &self.stop {
-            for (i, _) in tail.char_indices() {
-                let t = &tail[i..];
-                if t.len() <= hold {
-                    break;
-                }
-                if s.starts_with(t) {
-                    hold = t.len();
-                    break;
-                }
+/// Length of the longest tail of `tail` that begins some stop string (it
+/// may still become one), on a character boundary.
+fn held_back(tail: &str, stop: &[String]) -> usize {
+    let mut hold = 0;
+    for s in stop {
+        for (i, _) in tail.char_indices() {
+            let t = &tail[i..];
+            if t.len() <= hold {
+                break;
+            }
+            if s.starts_with(t) {
+                hold = t.len();
+                break;
             }
         }
-        hold
+    }
+    hold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_earliest_stop_wins() {
+        let s = stops(&["world", "lo"]);
+        assert_eq!(first_stop("hello world", 0, &s), Some(3));
+        assert_eq!(first_stop("hello world", 4, &s), Some(6));
+        assert_eq!(first_stop("hello", 0, &stops(&["xyz"])), None);
+    }
+
+    #[test]
+    fn a_tail_that_may_become_a_stop_is_held_back() {
+        let s = stops(&["</end>", "##"]);
+        assert_eq!(held_back("text </e", &s), 3);
+        assert_eq!(held_back("text #", &s), 1);
+        assert_eq!(held_back("text", &s), 0);
+        // Multi-byte characters are never split.
+        assert_eq!(held_back("é", &stops(&["éa"])), "é".len());
+        assert_eq!(held_back("aé", &stops(&["b"])), 0);
     }
 }
