@@ -291,7 +291,7 @@ impl<'m> Engine<'m> {
             )));
         }
         if let Some(max) = job.params.max_tokens {
-            if tokens.len() + max > ctx {
+            if tokens.len().saturating_add(max) > ctx {
                 return Err(ApiError::context_exceeded(format!(
                     "the prompt has {} tokens and max_tokens asks for {max} more, but the context holds {ctx} tokens (--ctx); lower max_tokens to at most {}",
                     tokens.len(),
