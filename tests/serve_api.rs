@@ -26,7 +26,7 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
     let Some(model) = model_path() else { return };
     let server = start(
         &model,
-        &["--parallel", "4", "--ctx", "512", "--prefill-chunk", "64"],
+        &["--parallel", "4", "--ctx", "512", "--prefill-chunk", "32"],
     );
 
     // /v1/models names the served id.
@@ -218,7 +218,7 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
         metric(&get(&server, "/metrics").body, "weft_batch_size") == 0.0
     });
 
-    // A long prompt is prefilled 64 tokens a round while another sequence
+    // A long prompt is prefilled 32 tokens a round while another sequence
     // keeps decoding, and still gives `weft run`'s tokens (one chunk there).
     let long_prompt = "The history of the city includes many events, and ".repeat(30);
     let (long_text, _) = weft_run(&model, &long_prompt, 8);
@@ -240,7 +240,7 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
         .filter(|&&t| t > submitted && t < first_long)
         .count();
     assert!(
-        between >= 3,
+        between >= 8,
         "only {between} tokens of the other stream while 300 prompt tokens were prefilled"
     );
 
