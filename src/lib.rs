@@ -12,4 +12,5 @@ pub use weft_ops as ops;
 pub use weft_runtime as runtime;
 
 pub mod npy;
+pub mod serve;
 pub mod settings;

@@ -10,6 +10,7 @@ mod perplexity;
 mod prefill;
 mod progress;
 mod run;
+mod serve;
 mod synth_model;
 mod tokenize;
 mod values;
@@ -48,6 +49,8 @@ enum Command {
     /// Look at the reorder pass: synthetic graphs.
     #[command(subcommand)]
     Graph(graph::GraphCommand),
+    /// An OpenAI-compatible HTTP server (chat, completions, streaming).
+    Serve(serve::ServeArgs),
     /// Write a full-size model file with random weights (benchmarks).
     SynthModel(synth_model::SynthModelArgs),
 }
@@ -62,6 +65,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Prefill(a) => prefill::run(a),
         Command::Graph(g) => graph::run(g),
         Command::SynthModel(a) => synth_model::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 

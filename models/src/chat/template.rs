@@ -121,6 +121,16 @@ impl ChatTemplateError {
 
 /// Marks the detail of an error `raise_exception` made.
 const RAISED: &str = "raise_exception: ";
+/// How a fault's message starts when the template raised it.
+const RAISED_MESSAGE: &str = "the template raised an exception: ";
+
+impl TemplateFault {
+    /// The message of the template's own `raise_exception`, when it made
+    /// this fault (the template refused its input).
+    pub fn raised(&self) -> Option<&str> {
+        self.message.strip_prefix(RAISED_MESSAGE)
+    }
+}
 
 impl ChatTemplate {
     /// Compiles `source` (`origin` names it in errors) with the given
@@ -390,7 +400,7 @@ fn fault(origin: &str, source: &str, e: &Error) -> ChatTemplateError {
     });
     let message = match e.detail() {
         Some(d) if d.starts_with(RAISED) => {
-            format!("the template raised an exception: {}", &d[RAISED.len()..])
+            format!("{RAISED_MESSAGE}{}", &d[RAISED.len()..])
         }
         Some(d) => format!("{}: {d}", e.kind()),
         None if e.kind() == ErrorKind::OutOfFuel => {
