@@ -22,8 +22,10 @@ use weft_graph::reorder::Strategy;
 use weft_graph::{BufferId, Label, Node, Schedule};
 use weft_ops::OpNode;
 
-/// Plans kept per executor (a decode and a prefill chunk size or two).
-pub(crate) const MAX_PLANS: usize = 4;
+/// Plans kept per executor: a decode step and a prefill chunk size or two
+/// for each sequence a server keeps (each sequence's cache is its own
+/// buffers, so its steps are their own structure), most recent first.
+pub(crate) const MAX_PLANS: usize = 64;
 
 /// What a recording was turned into, and what it must equal to reuse it.
 pub(crate) struct StepPlan {
