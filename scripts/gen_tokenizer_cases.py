@@ -17,9 +17,9 @@ Two jobs, one per subcommand:
 Usage:
   python scripts/gen_tokenizer_cases.py unicode-table
   python scripts/gen_tokenizer_cases.py cases --name smollm2 \
-      --model /work/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf
+      --model ~/.cache/weft/SmolLM2-135M-Instruct.Q4_1.gguf
   python scripts/gen_tokenizer_cases.py cases --name gemma3 \
-      --model /work/models-cache/gemma-3-270m-q4_k_m.gguf
+      --model ~/.cache/weft/gemma-3-270m-q4_k_m.gguf
 
 Everything random is seeded, so a rerun with the same llama.cpp gives the same
 file.

@@ -3,7 +3,7 @@
 //! - recorded order: what eager execution needs (a barrier only where the next
 //!   node conflicts with something since the last barrier);
 //! - greedy window: a level is filled from the first `w` unscheduled nodes
-//!   only, like the seed runtime's 64-node look-ahead.
+//!   only, like hf2q's 64-node look-ahead.
 
 use crate::interval::AccessMap;
 use crate::node::Node;

@@ -23,7 +23,7 @@ pub enum Strategy {
     /// Recorded order, a barrier only where the next node conflicts with what
     /// ran since the last one (what eager execution needs).
     RecordedOrder,
-    /// A greedy pass that only looks `n` unscheduled nodes ahead (the seed
+    /// A greedy pass that only looks `n` unscheduled nodes ahead (hf2q's
     /// runtime used 64). Kept as a baseline.
     GreedyWindow(usize),
 }

@@ -184,7 +184,7 @@ impl Model {
         self.file.tensors().iter().map(|t| t.bytes).sum()
     }
 
-    /// The chunking policy the seed uses for this model.
+    /// The chunking policy hf2q uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
         let window = match &self.family {
             Family::Llama(_) => None,

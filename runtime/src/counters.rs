@@ -1,4 +1,4 @@
-//! Counters kept apart, as the seed runtime did: dispatches, barriers,
+//! Counters kept apart, as hf2q's runtime did: dispatches, barriers,
 //! command buffers, commits (and those that reused a step plan), waits,
 //! pool allocations; and the host's time in each part of a step (recording,
 //! submitting, waiting, reading back), which bounds decode on a GPU.

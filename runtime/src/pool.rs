@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use weft_graph::BufferId;
 
-/// Kinds of scope, as the seed runtime named them.
+/// Kinds of scope, as hf2q's runtime named them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum PoolScope {
     /// One prefill layer (or group of layers).
@@ -245,7 +245,7 @@ impl<'e> GraphSession<'e> {
         }
     }
 
-    /// The seed's bracket: opens a scope for one prefill layer (or group).
+    /// hf2q's bracket: opens a scope for one prefill layer (or group).
     pub fn begin_prefill_pool_layer(&mut self) {
         self.begin_pool_scope(PoolScope::PrefillLayer);
     }
@@ -255,7 +255,7 @@ impl<'e> GraphSession<'e> {
         self.end_kind(PoolScope::PrefillLayer)
     }
 
-    /// The seed's bracket: opens a scope for one decode token.
+    /// hf2q's bracket: opens a scope for one decode token.
     pub fn begin_decode_pool_token(&mut self) {
         self.begin_pool_scope(PoolScope::DecodeToken);
     }

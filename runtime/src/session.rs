@@ -287,7 +287,7 @@ impl<'e> GraphSession<'e> {
     }
 
     /// Schedules with the reorder pass, runs, waits; returns
-    /// `(reordered nodes, barriers)` like the seed API.
+    /// `(reordered nodes, barriers)` like hf2q's API.
     pub fn finish_with_reorder(self) -> Result<(usize, usize), RuntimeError> {
         if self.mode != SessionMode::Recorded {
             return Err(RuntimeError::Usage("finish_with_reorder() needs a session from begin_recorded(); begin() runs in recorded order".into()));

@@ -1,4 +1,4 @@
-//! Chunked prefill: the seed's chunk-size rule (its own cases), and the
+//! Chunked prefill: hf2q's chunk-size rule (its own cases), and the
 //! prefill helper running every chunk as its own transaction.
 
 mod support;

@@ -1,6 +1,6 @@
 //! Cohorts: B lanes decode one token each in one recorded step and publish
 //! all together or not at all. Checked against single-sequence runs of the
-//! tiny transformer, for B = 4 (the seed's case) and B = 3.
+//! tiny transformer, for B = 4 (hf2q's case) and B = 3.
 
 mod support;
 
@@ -263,7 +263,7 @@ fn failed_validation_poisons_every_lane() {
         assert!(c.is_poisoned());
         assert_eq!(c.position(), 4);
     }
-    // Single caches: the seed's validate -> publish pair.
+    // Single caches: hf2q's validate -> publish pair.
     let mut c = m.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
     let ticket = c.validate_step_commit(0).unwrap();
     assert_eq!(ticket.position(), 0);

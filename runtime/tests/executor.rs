@@ -1,5 +1,5 @@
 //! The executor end to end on the CPU: reordered execution is bit-identical
-//! to recorded order on random recordings of real ops, the seed API's
+//! to recorded order on random recordings of real ops, hf2q's API
 //! contract holds, and failures surface with the failing node's label.
 
 use proptest::prelude::*;

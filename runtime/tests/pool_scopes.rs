@@ -1,4 +1,4 @@
-//! Scoped pools: guards and the seed's brackets, recycling without freeing,
+//! Scoped pools: guards and hf2q's brackets, recycling without freeing,
 //! releasing scratch memory, no allocation in a steady-state decode, and no
 //! barrier added by pooled reuse inside a multi-layer recording.
 //!

@@ -17,6 +17,11 @@ again before each repetition and not timed).
 import argparse, json, random, statistics, time
 import llama_cpp
 
+try:
+    Llama = llama_cpp.Llama
+except AttributeError:  # a source tree whose package init exports only the C API
+    from llama_cpp.llama import Llama
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -27,12 +32,13 @@ def main():
     ap.add_argument("--depth", default="0")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--no-flash-attn", action="store_true")
     a = ap.parse_args()
     depths = [int(d) for d in a.depth.split(",") if d.strip()]
     ctx = max(depths) + max(a.pp, a.tg) + 16
-    llm = llama_cpp.Llama(model_path=a.model, n_ctx=ctx, n_batch=a.batch, n_ubatch=a.batch,
+    llm = Llama(model_path=a.model, n_ctx=ctx, n_batch=a.batch, n_ubatch=a.batch,
                           n_threads=a.threads, n_threads_batch=a.threads, logits_all=False,
-                          flash_attn=True, verbose=False)
+                          flash_attn=not a.no_flash_attn, verbose=False)
     rng = random.Random(0)
     vocab = llm.n_vocab()
 

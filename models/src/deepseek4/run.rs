@@ -1,5 +1,5 @@
 //! Running DeepSeek-V4 steps as cache transactions: one step (prefill chunk
-//! or decode token), chunked prefill with the seed's chunk rule, and B-lane
+//! or decode token), chunked prefill with hf2q's chunk rule, and B-lane
 //! cohort decode with all-or-nothing publication through a commit gate.
 
 use super::cache::CacheLayout;
@@ -28,7 +28,7 @@ impl DeepSeek4 {
         )?)
     }
 
-    /// The seed's chunking for this model (window `W`, 32 or 16 windows).
+    /// hf2q's chunking for this model (window `W`, 32 or 16 windows).
     pub fn chunk_policy(&self, weight_bytes: u64) -> ChunkPolicy {
         ChunkPolicy::for_model(Some(self.config.window), weight_bytes)
     }

@@ -1,6 +1,6 @@
 //! How a long prompt is split into prefill chunks (each its own transaction).
 //!
-//! The seed runtime's rule, kept as the default: chunks of
+//! hf2q's rule, kept as the default: chunks of
 //! `min(remaining, window x multiplier)` rows, where the multiplier is 32 (16
 //! once resident weights reach 100 GB) and the window is the model's sliding
 //! window or 128; once the cache holds something and fewer than 33 tokens
@@ -29,11 +29,11 @@ impl Default for ChunkPolicy {
     }
 }
 
-/// Resident weights at or above which the seed halves the multiplier.
+/// Resident weights at or above which hf2q halves the multiplier.
 pub const LARGE_WEIGHTS_BYTES: u64 = 100 * 1000 * 1000 * 1000;
 
 impl ChunkPolicy {
-    /// The seed's defaults for a model with `window` and `weight_bytes` of weights.
+    /// hf2q's defaults for a model with `window` and `weight_bytes` of weights.
     pub fn for_model(window: Option<u32>, weight_bytes: u64) -> Self {
         Self {
             window,
