@@ -4,7 +4,7 @@
 use crate::deepseek4::DeepSeek4;
 use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
-use crate::llama::Llama;
+use crate::llama::{Llama, LlamaArch};
 use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightMap;
@@ -22,6 +22,7 @@ pub type AfterChunk<'a> =
 
 /// The architectures weft runs.
 pub enum Family {
+    /// Llama (`llama`) and Qwen 2 / 2.5 (`qwen2`): one forward pass.
     Llama(Llama),
     /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
     Gemma3(Gemma3),
@@ -47,7 +48,8 @@ impl Model {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
-            "llama" => Family::Llama(Llama::load(&weights, "llama")?),
+            "llama" => Family::Llama(Llama::load(&weights, LlamaArch::Llama)?),
+            "qwen2" => Family::Llama(Llama::load(&weights, LlamaArch::Qwen2)?),
             "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
             "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
                 &weights,
@@ -56,7 +58,7 @@ impl Model {
             )?)),
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama, gemma3, deepseek4)"
+                    "architecture `{other}` (weft runs: llama, qwen2, gemma3, deepseek4)"
                 )))
             }
         };

@@ -1,13 +1,17 @@
 //! The Llama family (`general.architecture = llama`): SmolLM2, Llama 2/3,
-//! Mistral-style models. Config from GGUF metadata, weights as views of the
+//! Mistral-style models, and Qwen 2 / 2.5 (`qwen2`: NEOX rope, q/k/v
+//! biases; `arch.rs`). Config from GGUF metadata, weights as views of the
 //! mapped file, and the forward pass recorded with the builder API.
 
+mod arch;
 mod forward;
+
+pub use arch::LlamaArch;
 
 use crate::gguf::GgufFile;
 use crate::weights::{is_supported_matrix, WeightMap};
 use crate::ModelError;
-use weft_ops::{RopeMode, RopeParams, Tensor};
+use weft_ops::{DType, RopeParams, Tensor};
 
 /// Hyper-parameters read from `llama.*` metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,9 +29,9 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// Reads the config of architecture `arch` (`llama` or a compatible prefix).
-    pub fn from_gguf(file: &GgufFile, arch: &str) -> Result<LlamaConfig, ModelError> {
-        let key = |k: &str| format!("{arch}.{k}");
+    /// Reads the config of architecture `arch` from its `<arch>.*` keys.
+    pub fn from_gguf(file: &GgufFile, arch: LlamaArch) -> Result<LlamaConfig, ModelError> {
+        let key = |k: &str| format!("{}.{k}", arch.name());
         let layers = file.require_u32(&key("block_count"))? as usize;
         let hidden = file.require_u32(&key("embedding_length"))? as usize;
         let ffn = file.require_u32(&key("feed_forward_length"))? as usize;
@@ -51,7 +55,7 @@ impl LlamaConfig {
             .get_u32(&key("rope.dimension_count"))?
             .map_or(head_dim, |v| v as usize);
         let base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
-        let mut rope = RopeParams::plain(RopeMode::Normal, head_dim, n_dims, base);
+        let mut rope = RopeParams::plain(arch.rope_mode(), head_dim, n_dims, base);
         match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
             Some("linear") => {
@@ -119,6 +123,16 @@ pub struct LlamaLayer {
     pub gate: Tensor,
     pub up: Tensor,
     pub down: Tensor,
+    /// Biases added to the q, k and v projections (Qwen 2), before rope.
+    pub bias: QkvBias,
+}
+
+/// Optional per-projection biases, one row each (`blk.N.attn_{q,k,v}.bias`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QkvBias {
+    pub q: Option<Tensor>,
+    pub k: Option<Tensor>,
+    pub v: Option<Tensor>,
 }
 
 /// A loaded Llama-family model.
@@ -133,7 +147,7 @@ pub struct Llama {
 
 impl Llama {
     /// Loads the weights of `file` (mapped into `weights`' executor).
-    pub fn load(weights: &WeightMap<'_>, arch: &str) -> Result<Llama, ModelError> {
+    pub fn load(weights: &WeightMap<'_>, arch: LlamaArch) -> Result<Llama, ModelError> {
         let c = LlamaConfig::from_gguf(weights.file(), arch)?;
         if weights.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
             return Err(ModelError::Unsupported(
@@ -161,6 +175,7 @@ impl Llama {
                 gate: weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
                 up: weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
                 down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
+                bias: load_qkv_bias(weights, &c, l)?,
             };
             for (n, t) in [
                 ("attn_q", layer.wq),
@@ -190,4 +205,42 @@ impl Llama {
             output,
         })
     }
+}
+
+/// Layer `l`'s q, k and v biases where the file has them (llama.cpp adds
+/// each one present, for `llama` and `qwen2` alike); a bias on any other
+/// projection is refused by name, since the forward pass would drop it.
+fn load_qkv_bias(
+    weights: &WeightMap<'_>,
+    c: &LlamaConfig,
+    l: usize,
+) -> Result<QkvBias, ModelError> {
+    let name = |n: &str| format!("blk.{l}.{n}.bias");
+    for n in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+        if weights.file().tensor(&name(n)).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{}: a bias on {n} (weft adds biases to attn_q, attn_k and attn_v only)",
+                name(n)
+            )));
+        }
+    }
+    let bias = |n: &str, width: usize| -> Result<Option<Tensor>, ModelError> {
+        if weights.file().tensor(&name(n)).is_none() {
+            return Ok(None);
+        }
+        let t = weights.expect(&name(n), &[width])?;
+        if t.dtype != DType::F32 {
+            return Err(ModelError::Unsupported(format!(
+                "{} is {}; biases must be f32",
+                name(n),
+                t.dtype
+            )));
+        }
+        Ok(Some(t))
+    };
+    Ok(QkvBias {
+        q: bias("attn_q", c.heads * c.head_dim)?,
+        k: bias("attn_k", c.kv_width())?,
+        v: bias("attn_v", c.kv_width())?,
+    })
 }
