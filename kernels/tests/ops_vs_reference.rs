@@ -258,6 +258,7 @@ fn attention_matches_reference() {
                 ring,
                 softcap: 0.0,
                 kv_capacity: 0,
+                flash: true,
             };
             // f16 caches: the kernel rounds q and its running output to f16
             // like llama.cpp (~1e-3 relative per step); f32: summation order.
@@ -762,6 +763,7 @@ fn attention_quantize_equals_its_chain() {
                 ring: None,
                 softcap: 0.0,
                 kv_capacity: 0,
+                flash: true,
             };
             let fused = node(
                 Op::AttentionQuantize(params),

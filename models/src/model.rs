@@ -49,7 +49,11 @@ impl Model {
         let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
             "llama" => Family::Llama(Llama::load(&weights, LlamaArch::Llama)?),
-            "qwen2" => Family::Llama(Llama::load(&weights, LlamaArch::Qwen2)?),
+            "qwen2" => {
+                let mut m = Llama::load(&weights, LlamaArch::Qwen2)?;
+                m.flash_attention = LlamaArch::Qwen2.flash_attention(exec.device());
+                Family::Llama(m)
+            }
             "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
             "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
                 &weights,

@@ -5,6 +5,7 @@
 //! their own prefix.
 
 use weft_ops::RopeMode;
+use weft_runtime::Device;
 
 /// A `general.architecture` the Llama forward pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +30,19 @@ impl LlamaArch {
         match self {
             LlamaArch::Llama => "llama",
             LlamaArch::Qwen2 => "qwen2",
+        }
+    }
+
+    /// Whether attention rounds as llama.cpp's flash-attention kernels do
+    /// on `device` (else as llama.cpp with flash attention off). Llama
+    /// models follow llama.cpp's tools (flash attention on); Qwen 2 on the
+    /// CPU follows llama.cpp with flash attention off, the default of
+    /// llama-cpp-python, which is how its reference outputs are made. Other
+    /// backends have only the flash-attention path.
+    pub fn flash_attention(self, device: Device) -> bool {
+        match self {
+            LlamaArch::Llama => true,
+            LlamaArch::Qwen2 => device != Device::Cpu,
         }
     }
 

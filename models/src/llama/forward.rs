@@ -106,6 +106,7 @@ impl Llama {
             ring: kv.ring,
             softcap: 0.0,
             kv_capacity: kv.k.rows() as u32,
+            flash: self.flash_attention,
         };
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;

@@ -143,6 +143,10 @@ pub struct Llama {
     pub output_norm: Tensor,
     /// The output projection (the token embedding when tied).
     pub output: Tensor,
+    /// Attention rounded as llama.cpp's flash-attention kernels do (true,
+    /// the default, as llama.cpp's tools run), or as llama.cpp with flash
+    /// attention off (false; the CPU backend only).
+    pub flash_attention: bool,
 }
 
 impl Llama {
@@ -203,6 +207,7 @@ impl Llama {
             layers,
             output_norm,
             output,
+            flash_attention: true,
         })
     }
 }
