@@ -68,5 +68,8 @@ mod tests {
         assert_eq!(LlamaArch::from_name("qwen3"), None);
         assert_eq!(LlamaArch::Llama.rope_mode(), RopeMode::Normal);
         assert_eq!(LlamaArch::Qwen2.rope_mode(), RopeMode::Neox);
+        assert!(LlamaArch::Llama.flash_attention(Device::Cpu));
+        assert!(!LlamaArch::Qwen2.flash_attention(Device::Cpu));
+        assert!(LlamaArch::Qwen2.flash_attention(Device::Cuda(0)));
     }
 }
