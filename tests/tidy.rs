@@ -13,7 +13,10 @@ const FORBIDDEN: &[(&str, &str)] = &[
         r"(?i)\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|previous|next|last|this)\s+stop\b(?!\s+strings?\b)",
         "a numbered work session",
     ),
-    (r"(?i)\bthe reviewer\b|\bafter (the )?(final )?review\b", "a review"),
+    (
+        r"(?i)\bthe reviewer\b|\bafter (the )?(final )?review\b",
+        "a review",
+    ),
     (r"(?i)\b(from|in|see) the issue\b", "an issue reference"),
     (
         r"(?i)\bthe seed( runtime| api|'s)\b",

@@ -376,6 +376,7 @@ impl Gpt2 {
             ring: None,
             softcap: 0.0,
             kv_capacity: 0,
+            flash: true,
         };
         let a = s.attention(
             q,

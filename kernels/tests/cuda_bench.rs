@@ -128,6 +128,7 @@ fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
         ring: None,
         softcap: 0.0,
         kv_capacity: 0,
+        flash: true,
     };
     Case {
         name: format!("attention f16 n={n} at {q_position} ({rows} cached)"),

@@ -568,6 +568,7 @@ fn attention_case(
         ring,
         softcap,
         kv_capacity: 0,
+        flash: true,
     };
     node(Op::Attention(p), vec![q, k, v], vec![o])
 }
@@ -1139,6 +1140,7 @@ fn decode_params(heads: usize, kvh: usize, d: usize, qp: u32, capacity: usize) -
         ring: None,
         softcap: 0.0,
         kv_capacity: capacity as u32,
+        flash: true,
     }
 }
 

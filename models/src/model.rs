@@ -11,7 +11,7 @@ use crate::gemma3::Gemma3;
 use crate::gguf::GgufFile;
 use crate::hparams::block_of;
 use crate::identity::GgufDigest;
-use crate::llama::Llama;
+use crate::llama::{Llama, LlamaArch};
 use crate::step::LogitRows;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightMap;
@@ -32,6 +32,7 @@ pub type AfterChunk<'a> =
 
 /// The architectures weft runs.
 pub enum Family {
+    /// Llama (`llama`) and Qwen 2 / 2.5 (`qwen2`): one forward pass.
     Llama(Llama),
     /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
     Gemma3(Gemma3),
@@ -78,7 +79,12 @@ impl Model {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
         let family = match arch.as_str() {
-            "llama" => Family::Llama(Llama::load(&weights, "llama")?),
+            "llama" => Family::Llama(Llama::load(&weights, LlamaArch::Llama)?),
+            "qwen2" => {
+                let mut m = Llama::load(&weights, LlamaArch::Qwen2)?;
+                m.flash_attention = LlamaArch::Qwen2.flash_attention(exec.device());
+                Family::Llama(m)
+            }
             "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
             "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
                 &weights,
@@ -87,7 +93,7 @@ impl Model {
             )?)),
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama, gemma3, deepseek4)"
+                    "architecture `{other}` (weft runs: llama, qwen2, gemma3, deepseek4)"
                 )))
             }
         };

@@ -109,6 +109,12 @@ pub struct AttentionParams {
     /// used to mirror llama.cpp's kernel choice, which depends on its padded
     /// cache view; results are the same maths either way.
     pub kv_capacity: u32,
+    /// Round as llama.cpp's flash-attention kernels do (true: the default
+    /// of its tools), or as its attention with flash attention off (false:
+    /// f16 score and value matmuls around a softmax, llama-cpp-python's
+    /// default). The same maths; backends that only have the first refuse
+    /// the second.
+    pub flash: bool,
 }
 
 /// A cache-writing decode projection absorbed into [`Op::ProjAttention`]:

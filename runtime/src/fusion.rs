@@ -263,6 +263,7 @@ mod tests {
             ring: None,
             softcap: 0.0,
             kv_capacity: 16,
+            flash: true,
         };
         let payloads = vec![
             OpNode::new(

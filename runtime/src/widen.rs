@@ -93,6 +93,7 @@ mod tests {
             ring: None,
             softcap: 0.0,
             kv_capacity: 64,
+            flash: true,
         };
         let attn = OpNode::new(Op::Attention(params), vec![q, k, v], vec![out]);
         let mut n = node(&attn);

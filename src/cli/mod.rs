@@ -73,7 +73,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
 /// `WEFT_*` environment variables, which override the defaults.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// A GGUF file, or a known model name (smollm2-135m, gemma3-270m).
+    /// A GGUF file, or a known model name (smollm2-135m, gemma3-270m,
+    /// qwen2.5-coder-0.5b).
     /// Default: SmolLM2-135M-Instruct Q4_1, fetched on first use.
     #[arg(long)]
     pub model: Option<String>,

@@ -90,6 +90,46 @@ pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> 
     Some(Setup { exec, model })
 }
 
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M on a CPU executor, or `None` (with a
+/// message) when it cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
+pub fn load_qwen2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
+    load_known(
+        &weft::models::fetch::QWEN25_CODER_05B_Q4_K_M,
+        threads,
+        layers_per_cb,
+    )
+}
+
+/// Known model `spec` on a CPU executor that checks its schedules, or
+/// `None` (with a message) when it cannot be fetched and
+/// `WEFT_REQUIRE_MODEL` is not set.
+pub fn load_known(
+    spec: &weft::models::fetch::ModelSpec,
+    threads: usize,
+    layers_per_cb: Option<u32>,
+) -> Option<Setup> {
+    let path = match weft::models::fetch::ensure(spec, &mut |_| {}) {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+            eprintln!(
+                "skipping: the model {} is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead",
+                spec.name
+            );
+            return None;
+        }
+        Err(e) => panic!("the model {} is required: {e}", spec.name),
+    };
+    let mut config = ExecutorConfig {
+        threads,
+        check_schedules: true,
+        ..Default::default()
+    };
+    config.cut.layers_per_cb = layers_per_cb;
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&path, &mut exec).unwrap_or_else(|e| panic!("load {}: {e}", spec.name));
+    Some(Setup { exec, model })
+}
+
 /// A fresh cache of `context` rows, prefilled with `ids` under the model's
 /// chunk policy: the cache and the last position's logits.
 pub fn prefilled(

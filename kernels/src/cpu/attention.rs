@@ -13,10 +13,17 @@
 //!   cells): the one-chunk kernel over two halves of the cache (llama.cpp's
 //!   reference ran 2 threads), merged.
 //!
+//! With `flash` off in the params, attention follows llama.cpp with flash
+//! attention off instead (`unfused`): f16 score and value matmuls around
+//! `soft_max_ext`, over the cache view padded as llama.cpp pads it.
+//!
 //! Sliding windows and rings are masks: a cell is skipped unless it holds a
 //! position the query may see.
 
-use super::simd::{accumulate, axpy, dot_f16, exp_tile64, mad_f16, scale_f16, scores64, to_f16};
+use super::quant::{tinyblas_applies, tinyblas_dot_f16};
+use super::simd::{
+    accumulate, axpy, dot_f16, exp_tile64, mad_f16, reduce16, scale_f16, scores64, to_f16, v_expf,
+};
 use super::{HostTensor, WorkSplit};
 use half::f16;
 use std::ops::Range;
@@ -183,6 +190,17 @@ pub(super) unsafe fn attention(
     p: &AttentionParams,
     units: Range<usize>,
 ) -> Result<(), OpError> {
+    if !p.flash
+        && (k.tensor.dtype != DType::F16 || v.tensor.dtype != DType::F16 || p.softcap != 0.0)
+    {
+        return Err(OpError::Unsupported {
+            op: "attention",
+            what: format!(
+                "flash attention off with {} keys, {} values and soft-cap {} (f16 keys and values, no soft-cap)",
+                k.tensor.dtype, v.tensor.dtype, p.softcap
+            ),
+        });
+    }
     let n = q.tensor.rows();
     let ctx = Ctx::new(p, n, k, v);
     let end = ctx.end;
@@ -202,7 +220,15 @@ pub(super) unsafe fn attention(
         let ubatch_start = rows.start / UBATCH * UBATCH;
         let ubatch_rows = (n - ubatch_start).min(UBATCH);
         let qrow = |t: usize| &qv[t * q.tensor.cols() + h * d..][..d];
-        let results: Vec<Vec<f32>> = if n == 1 && n_kv >= 512 {
+        let results: Vec<Vec<f32>> = if !p.flash {
+            let vt = values_transposed(&ctx, h, n_kv);
+            rows.clone()
+                .map(|t| {
+                    let pos = p.q_position as usize + t;
+                    unfused(&ctx, qrow(t), h, pos, n_kv, ubatch_rows, &vt)
+                })
+                .collect()
+        } else if n == 1 && n_kv >= 512 {
             vec![split_kv(&ctx, qrow(0), h, n_kv)]
         } else if ubatch_rows >= TILE {
             tiled(&ctx, rows.clone(), &qrow, h)
@@ -220,6 +246,80 @@ pub(super) unsafe fn attention(
         }
     }
     Ok(())
+}
+
+/// The values of kv head `h`'s group as llama.cpp's cache holds them with
+/// flash attention off: transposed, `n_kv` cells per dimension, zero in
+/// the cells nothing has written.
+unsafe fn values_transposed(ctx: &Ctx<'_>, h: usize, n_kv: usize) -> Vec<f16> {
+    let d = ctx.p.head_dim;
+    let kvh = h / (ctx.p.heads / ctx.p.kv_heads);
+    let mut vt = vec![f16::ZERO; d * n_kv];
+    for slot in 0..ctx.cells.min(n_kv) {
+        for (dim, &v) in ctx.row_f16(ctx.v, slot, kvh).iter().enumerate() {
+            vt[dim * n_kv + slot] = v;
+        }
+    }
+    vt
+}
+
+/// llama.cpp's attention with flash attention off, for the query at `pos`
+/// of a ubatch of `n` rows: the query rounded to f16, the scores as an f16
+/// matmul over the `n_kv` cells of the padded cache view, `soft_max_ext`
+/// (scaled scores plus a mask of 0 or -inf, `ggml_v_expf` per 16 lanes, the
+/// sum in f64, the probabilities scaled by its f32 reciprocal), then the
+/// probabilities rounded to f16 and multiplied with the transposed values
+/// `vt` ([`values_transposed`]). Each matmul sums in tinyBLAS's order for
+/// two or more rows (`llamafile_sgemm`), in `ggml_vec_dot_f16`'s for one.
+unsafe fn unfused(
+    ctx: &Ctx<'_>,
+    qrow: &[f32],
+    h: usize,
+    pos: usize,
+    n_kv: usize,
+    n: usize,
+    vt: &[f16],
+) -> Vec<f32> {
+    let p = ctx.p;
+    let d = p.head_dim;
+    let kvh = h / (p.heads / p.kv_heads);
+    let dot = |a: &[f16], b: &[f16], m: usize| -> f32 {
+        if tinyblas_applies(DType::F16, a.len(), m, n) {
+            tinyblas_dot_f16(bytemuck::cast_slice(a), bytemuck::cast_slice(b), a.len())
+        } else {
+            dot_f16(a, b)
+        }
+    };
+    let mut q16 = vec![f16::ZERO; d];
+    to_f16(qrow, &mut q16);
+    let mut w = vec![f32::NEG_INFINITY; n_kv];
+    for (slot, s) in w.iter_mut().enumerate().take(ctx.cells) {
+        if ctx.visible(slot, pos) {
+            // The mask adds 0 where the query sees the cell.
+            *s = dot(ctx.row_f16(ctx.k, slot, kvh), &q16, n_kv) * p.scale + 0.0;
+        }
+    }
+    let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut sum = 0f64;
+    let mut chunks = w.chunks_exact_mut(16);
+    for c in &mut chunks {
+        let mut lanes = [0f32; 16];
+        for (l, x) in lanes.iter_mut().zip(c.iter_mut()) {
+            *x = v_expf(*x - max);
+            *l = *x;
+        }
+        sum += reduce16(&lanes) as f64;
+    }
+    for x in chunks.into_remainder() {
+        *x = (*x - max).exp();
+        sum += *x as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    let mut p16 = vec![f16::ZERO; n_kv];
+    for (o, &x) in p16.iter_mut().zip(&w) {
+        *o = f16::from_f32(x * inv);
+    }
+    vt.chunks_exact(n_kv).map(|row| dot(row, &p16, d)).collect()
 }
 
 /// `out / s` (zero when nothing was visible).

@@ -70,6 +70,12 @@ pub(crate) struct AttnArgs {
 }
 
 pub(super) fn supports(node: &OpNode, p: &AttentionParams) -> Result<(), OpError> {
+    if !p.flash {
+        return Err(unsupported(
+            "attention",
+            "flash attention off (the CPU backend has that path)".to_string(),
+        ));
+    }
     let (k, v) = (&node.inputs[1], &node.inputs[2]);
     if k.dtype != v.dtype || !matches!(k.dtype, DType::F16 | DType::F32) {
         return Err(unsupported(

@@ -104,6 +104,12 @@ pub(super) fn supports(
     p: &ProjAttentionParams,
     limit: usize,
 ) -> Result<(), OpError> {
+    if !p.attn.flash {
+        return Err(unsupported(
+            OP,
+            "flash attention off (the CPU backend has that path)".to_string(),
+        ));
+    }
     if !enabled()? {
         return Err(unsupported(
             OP,

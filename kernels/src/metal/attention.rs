@@ -38,6 +38,12 @@ pub(super) fn route(
     k: &Tensor,
     v: &Tensor,
 ) -> Result<Route, OpError> {
+    if !p.flash {
+        return Err(unsupported(
+            node,
+            "flash attention off (the CPU backend has that path)".to_string(),
+        ));
+    }
     if k.dtype != v.dtype {
         return Err(unsupported(
             node,

@@ -204,6 +204,7 @@ impl Gemma3 {
             ring: kv.ring,
             softcap: 0.0,
             kv_capacity: kv.k.rows() as u32,
+            flash: true,
         };
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;

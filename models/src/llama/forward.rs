@@ -7,6 +7,7 @@ use super::{Llama, LlamaLayer};
 use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
+use weft_ops::quant::vec_dot_type;
 use weft_ops::{AttentionParams, Builder, Tensor};
 use weft_runtime::cache::{CacheSpan, KvCache};
 use weft_runtime::{GraphSession, PoolScope};
@@ -101,13 +102,13 @@ impl Llama {
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
         s.tap(format_args!("attn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
-        let q = s.matmul(hq, w.wq, "attn_q")?;
+        let q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
         s.tap(format_args!("Qcur-{l}"), q)?;
         let q = s.rope(q, positions, c.rope, "rope_q")?;
-        let k = s.matmul(hq, w.wk, "attn_k")?;
+        let k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
         let k = s.rope(k, positions, c.rope, "rope_k")?;
         s.tap(format_args!("Kcur-{l}"), k)?;
-        let v = s.matmul(hq, w.wv, "attn_v")?;
+        let v = projection(s, h, hq, w.wv, w.bias.v, "attn_v")?;
         s.tap(format_args!("Vcur-{l}"), v)?;
         s.set_rows(k, kv.k, span.start, kv.ring, "cache_k")?;
         s.set_rows(v, kv.v, span.start, kv.ring, "cache_v")?;
@@ -122,6 +123,7 @@ impl Llama {
             ring: kv.ring,
             softcap: 0.0,
             kv_capacity: kv.k.rows() as u32,
+            flash: self.flash_attention,
         };
         let kview = kv.k.rows_view(0, rows)?;
         let vview = kv.v.rows_view(0, rows)?;
@@ -140,7 +142,7 @@ impl Llama {
         let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
         let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
         let g = s.matmul(hq, w.gate, "ffn_gate")?;
-        let u = s.matmul(hq, w.up, "ffn_up")?;
+        let u = projection(s, h, hq, w.up, None, "ffn_up")?;
         s.tap(format_args!("ffn_gate-{l}"), g)?;
         s.tap(format_args!("ffn_up-{l}"), u)?;
         let m = s.silu_mul(g, u, "ffn_silu_mul")?;
@@ -151,4 +153,24 @@ impl Llama {
         s.tap(format_args!("l_out-{l}"), x)?;
         Ok(x)
     }
+}
+
+/// `h @ w^T (+ bias)`, reading `hq` (`h` already quantized for another
+/// projection of the same input) when `w` takes that activation format,
+/// else quantizing `h` for `w`. The bias is added after the matmul and
+/// before rope, as llama.cpp's graph does.
+fn projection(
+    s: &mut GraphSession<'_>,
+    h: Tensor,
+    hq: Tensor,
+    w: Tensor,
+    bias: Option<Tensor>,
+    label: &'static str,
+) -> Result<Tensor, ModelError> {
+    let x = if vec_dot_type(w.dtype) == hq.dtype {
+        hq
+    } else {
+        h
+    };
+    Ok(s.linear(x, w, bias, label)?)
 }

@@ -1,14 +1,18 @@
 //! The Llama family (`general.architecture = llama`): SmolLM2, Llama 2/3,
-//! Mistral-style models. Config from GGUF metadata, weights as views of the
+//! Mistral-style models, and Qwen 2 / 2.5 (`qwen2`: NEOX rope, q/k/v
+//! biases; `arch.rs`). Config from GGUF metadata, weights as views of the
 //! mapped file, and the forward pass recorded with the builder API.
 
+mod arch;
 mod forward;
+
+pub use arch::LlamaArch;
 
 use crate::gguf::GgufFile;
 use crate::hparams::{FloatRange, Hparams, MAX_WIDTH};
 use crate::weights::{is_supported_matrix, WeightMap};
 use crate::ModelError;
-use weft_ops::{RopeMode, RopeParams, Tensor};
+use weft_ops::{DType, RopeParams, Tensor};
 
 /// Hyper-parameters read from `llama.*` metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,9 +30,9 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// Reads the config of architecture `arch` (`llama` or a compatible prefix).
-    pub fn from_gguf(file: &GgufFile, arch: &str) -> Result<LlamaConfig, ModelError> {
-        let hp = Hparams::new(file, arch);
+    /// Reads the config of architecture `arch` from its `<arch>.*` keys.
+    pub fn from_gguf(file: &GgufFile, arch: LlamaArch) -> Result<LlamaConfig, ModelError> {
+        let hp = Hparams::new(file, arch.name());
         let key = |k: &str| hp.key(k);
         let layers = hp.block_count()?;
         let hidden = hp.width("embedding_length", None)?;
@@ -48,7 +52,7 @@ impl LlamaConfig {
         let n_dims = hp.rope_dims(head_dim)?;
         let base = hp.float("rope.freq_base", 10000.0, FloatRange::AboveOne)?;
         let context = hp.context(2048)?;
-        let mut rope = RopeParams::plain(RopeMode::Normal, head_dim, n_dims, base);
+        let mut rope = RopeParams::plain(arch.rope_mode(), head_dim, n_dims, base);
         match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
             Some("linear") => {
@@ -125,6 +129,16 @@ pub struct LlamaLayer {
     pub gate: Tensor,
     pub up: Tensor,
     pub down: Tensor,
+    /// Biases added to the q, k and v projections (Qwen 2), before rope.
+    pub bias: QkvBias,
+}
+
+/// Optional per-projection biases, one row each (`blk.N.attn_{q,k,v}.bias`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QkvBias {
+    pub q: Option<Tensor>,
+    pub k: Option<Tensor>,
+    pub v: Option<Tensor>,
 }
 
 /// A loaded Llama-family model.
@@ -135,11 +149,15 @@ pub struct Llama {
     pub output_norm: Tensor,
     /// The output projection (the token embedding when tied).
     pub output: Tensor,
+    /// Attention rounded as llama.cpp's flash-attention kernels do (true,
+    /// the default, as llama.cpp's tools run), or as llama.cpp with flash
+    /// attention off (false; the CPU backend only).
+    pub flash_attention: bool,
 }
 
 impl Llama {
     /// Loads the weights of `file` (mapped into `weights`' executor).
-    pub fn load(weights: &WeightMap<'_>, arch: &str) -> Result<Llama, ModelError> {
+    pub fn load(weights: &WeightMap<'_>, arch: LlamaArch) -> Result<Llama, ModelError> {
         let c = LlamaConfig::from_gguf(weights.file(), arch)?;
         if weights.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
             return Err(ModelError::Unsupported(
@@ -156,8 +174,9 @@ impl Llama {
         }
         if c.vocab != 0 && token_embd.rows() != c.vocab {
             return Err(ModelError::Shape(format!(
-                "token_embd.weight has {} rows, the vocabulary ({arch}.vocab_size or tokenizer.ggml.tokens) {}",
+                "token_embd.weight has {} rows, the vocabulary ({}.vocab_size or tokenizer.ggml.tokens) {}",
                 token_embd.rows(),
+                arch.name(),
                 c.vocab
             )));
         }
@@ -174,6 +193,7 @@ impl Llama {
                 gate: weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
                 up: weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
                 down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
+                bias: load_qkv_bias(weights, &c, l)?,
             };
             for (n, t) in [
                 ("attn_q", layer.wq),
@@ -204,6 +224,45 @@ impl Llama {
             layers,
             output_norm,
             output,
+            flash_attention: true,
         })
     }
+}
+
+/// Layer `l`'s q, k and v biases where the file has them (llama.cpp adds
+/// each one present, for `llama` and `qwen2` alike); a bias on any other
+/// projection is refused by name, since the forward pass would drop it.
+fn load_qkv_bias(
+    weights: &WeightMap<'_>,
+    c: &LlamaConfig,
+    l: usize,
+) -> Result<QkvBias, ModelError> {
+    let name = |n: &str| format!("blk.{l}.{n}.bias");
+    for n in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+        if weights.file().tensor(&name(n)).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{}: a bias on {n} (weft adds biases to attn_q, attn_k and attn_v only)",
+                name(n)
+            )));
+        }
+    }
+    let bias = |n: &str, width: usize| -> Result<Option<Tensor>, ModelError> {
+        if weights.file().tensor(&name(n)).is_none() {
+            return Ok(None);
+        }
+        let t = weights.expect(&name(n), &[width])?;
+        if t.dtype != DType::F32 {
+            return Err(ModelError::Unsupported(format!(
+                "{} is {}; biases must be f32",
+                name(n),
+                t.dtype
+            )));
+        }
+        Ok(Some(t))
+    };
+    Ok(QkvBias {
+        q: bias("attn_q", c.heads * c.head_dim)?,
+        k: bias("attn_k", c.kv_width())?,
+        v: bias("attn_v", c.kv_width())?,
+    })
 }

@@ -233,6 +233,7 @@ impl Tiny {
             ring: kv.ring,
             softcap: 0.0,
             kv_capacity: kv.k.rows() as u32,
+            flash: true,
         }
     }
 

@@ -87,6 +87,21 @@ unsafe fn load16_avx2(dtype: DType, p: *const u8, i: usize) -> (__m256, __m256) 
     }
 }
 
+/// One f16 x f16 product of `k` elements (a multiple of 16) in tinyBLAS's
+/// order: [`dot_scalar`]'s bits, with AVX2 where the CPU has it.
+pub(crate) fn dot_f16(w: &[u8], a: &[u8], k: usize) -> f32 {
+    assert!(w.len() >= 2 * k && a.len() >= 2 * k && k.is_multiple_of(16));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the features were detected and both rows hold k elements.
+        return unsafe { dot_avx2(DType::F16, w.as_ptr(), a.as_ptr(), k) };
+    }
+    dot_scalar(DType::F16, w, a, k)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2(dtype: DType, w: *const u8, a: *const u8, k: usize) -> f32 {

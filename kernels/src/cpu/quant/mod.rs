@@ -66,6 +66,9 @@ mod scalar;
 pub use isa::{Isa, ISA_ENV};
 pub use matmul::OutColumns;
 pub use order::DotOrder;
+// When llama.cpp takes tinyBLAS's order, also for attention with flash
+// attention off (its score and value matmuls).
+pub(crate) use float_gemm::{applies as tinyblas_applies, dot_f16 as tinyblas_dot_f16};
 
 use super::HostTensor;
 use std::ops::Range;
