@@ -11,7 +11,7 @@
 //! continuations apart on one of the seven prompts). weft has both; Qwen 2
 //! on the CPU takes the second by default (`LlamaArch::flash_attention`):
 //!
-//! - `../shared/reference/qwen2.json`: llama-cpp-python, flash attention
+//! - `tests/reference/qwen2.json`: llama-cpp-python, flash attention
 //!   off. Prompt token ids exact; logits bit-identical at every step of all
 //!   seven cases, greedy continuations identical ([`bit_exact_with_llama_cpp`]).
 //! - `tests/data/qwen2_flash_attention.json`: llama.cpp with flash
