@@ -3,7 +3,9 @@
 //! The cached cells are cut into chunks of [`CHUNK`] cells, and one work
 //! item is one (KV head, chunk) pair: the query heads that share the KV head
 //! read its cells together, and a long context spreads over every thread
-//! instead of one thread per head. Each item keeps, per query head and
+//! instead of one thread per head. Below [`SHARED_FROM`] cells, where there
+//! are few chunks, an item is one (query head, chunk) pair instead, so
+//! short contexts still spread over the threads. Each item keeps, per query head and
 //! row, its running max, sum and f32 output over its chunk (scores in
 //! tiles of 64, exponentials by ggml's vector `exp`); the item that
 //! finishes last combines the chunks by log-sum-exp, in chunk order. The
@@ -32,6 +34,8 @@ use weft_ops::{AttentionParams, DType, OpError};
 pub(crate) const MAX_ROWS: usize = 4;
 /// Cells per chunk.
 const CHUNK: usize = 256;
+/// Cells from which an item takes all the query heads of a KV head.
+const SHARED_FROM: usize = 1024;
 /// Cells per score tile.
 const TILE: usize = 64;
 
@@ -41,7 +45,9 @@ const TILE: usize = 64;
 pub(crate) struct Partials {
     chunks: usize,
     items: usize,
-    /// Floats per item: `group * rows * (head_dim + 2)`.
+    /// Query heads per item: the whole group of a KV head, or one.
+    heads: usize,
+    /// Floats per item: `heads * rows * (head_dim + 2)`.
     stride: usize,
     values: Mutex<Vec<f32>>,
     done: AtomicUsize,
@@ -61,15 +67,22 @@ pub(crate) fn applies(q_rows: usize, p: &AttentionParams) -> bool {
     q_rows <= MAX_ROWS && p.kv_heads > 0 && p.heads.is_multiple_of(p.kv_heads)
 }
 
-/// One item per (KV head, chunk of the scanned cells).
+/// One item per (KV head, chunk of the scanned cells), or per (query
+/// head, chunk) below [`SHARED_FROM`] cells.
 pub(crate) fn split(q_rows: usize, k_rows: usize, p: &AttentionParams) -> WorkSplit {
-    let chunks = cells(q_rows, k_rows, p).div_ceil(CHUNK).max(1);
-    let items = p.kv_heads * chunks;
-    let group = p.heads / p.kv_heads;
-    let stride = group * q_rows * (p.head_dim + 2);
+    let cells = cells(q_rows, k_rows, p);
+    let chunks = cells.div_ceil(CHUNK).max(1);
+    let heads = if cells >= SHARED_FROM {
+        p.heads / p.kv_heads
+    } else {
+        1
+    };
+    let items = p.heads / heads * chunks;
+    let stride = heads * q_rows * (p.head_dim + 2);
     let partials = Partials {
         chunks,
         items,
+        heads,
         stride,
         values: Mutex::new(vec![0.0; items * stride]),
         done: AtomicUsize::new(0),
@@ -91,13 +104,13 @@ pub(crate) unsafe fn attention(
 ) -> Result<(), OpError> {
     let n = q.tensor.rows();
     let ctx = Ctx::new(p, n, k, v);
-    let group = p.heads / p.kv_heads;
     let d = p.head_dim;
     for item in items {
-        let (kvh, chunk) = (item / parts.chunks, item % parts.chunks);
+        let (head_block, chunk) = (item / parts.chunks, item % parts.chunks);
         let cells = (chunk * CHUNK).min(ctx.cells)..((chunk + 1) * CHUNK).min(ctx.cells);
         let mut local = vec![0f32; parts.stride];
-        chunk_partials(&ctx, q, kvh, group, cells, &mut local);
+        let heads = head_block * parts.heads..(head_block + 1) * parts.heads;
+        chunk_partials(&ctx, q, heads, cells, &mut local);
         {
             let mut values = parts.values.lock().map_err(|_| {
                 OpError::Record(
@@ -119,13 +132,12 @@ pub(crate) unsafe fn attention(
     Ok(())
 }
 
-/// Partials of the query heads of KV head `kvh` over `cells`, written as
-/// `[head in group][row] -> (max, sum, out[d])`.
+/// Partials of query `heads` (all of one KV head's) over `cells`, written
+/// as `[head][row] -> (max, sum, out[d])`.
 unsafe fn chunk_partials(
     ctx: &Ctx<'_>,
     q: &HostTensor,
-    kvh: usize,
-    group: usize,
+    heads: Range<usize>,
     cells: Range<usize>,
     local: &mut [f32],
 ) {
@@ -133,7 +145,8 @@ unsafe fn chunk_partials(
     let d = p.head_dim;
     let n = q.tensor.rows();
     let qv = q.f32s();
-    let slots = group * n;
+    let kvh = heads.start / (p.heads / p.kv_heads);
+    let slots = heads.len() * n;
     let mut m = vec![f32::NEG_INFINITY; slots];
     let mut s = vec![0f32; slots];
     let mut acc = vec![0f32; slots * d];
@@ -144,8 +157,7 @@ unsafe fn chunk_partials(
         if !ctx.tile_seen(tile.clone(), first_pos..first_pos + n) {
             continue;
         }
-        for g in 0..group {
-            let h = kvh * group + g;
+        for (g, h) in heads.clone().enumerate() {
             for t in 0..n {
                 let slot = g * n + t;
                 let pos = first_pos + t;
@@ -194,16 +206,15 @@ unsafe fn combine(
     d: usize,
     out: &HostTensor,
 ) {
-    let group = p.heads / p.kv_heads;
     let o = out.ptr as *mut f32;
     let mut acc = vec![0f32; d];
     for h in 0..p.heads {
-        let (kvh, g) = (h / group, h % group);
+        let (block, g) = (h / parts.heads, h % parts.heads);
         for t in 0..n {
             let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
             acc.fill(0.0);
             for chunk in 0..parts.chunks {
-                let item = kvh * parts.chunks + chunk;
+                let item = block * parts.chunks + chunk;
                 let part = &values[item * parts.stride + (g * n + t) * (d + 2)..][..d + 2];
                 let (pm, ps) = (part[0], part[1]);
                 if ps == 0.0 {
