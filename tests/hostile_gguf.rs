@@ -24,7 +24,6 @@
 //! expects the truncation guard's message and exit status, not SIGBUS.
 
 mod common;
-mod dsv4_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -648,7 +647,7 @@ fn report(tally: &Tally) {
 #[test]
 fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
     let mut tally = Tally::default();
-    let dsv4 = dsv4_common::fixture_root().join("flash-tiny-short/model.gguf");
+    let dsv4 = common::reference_dir().join("dsv4_tiny/flash-tiny-short/model.gguf");
     let file = Arc::new(GgufFile::open(&dsv4).expect("the DeepSeek-V4 tiny fixture"));
     run_cases(
         "deepseek4",
@@ -707,7 +706,7 @@ fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
 fn a_model_file_truncated_during_a_run_is_named_not_a_crash() {
     use std::io::Read;
     use std::process::{Command, Stdio};
-    let src = dsv4_common::fixture_root().join("flash-tiny/model.gguf");
+    let src = common::reference_dir().join("dsv4_tiny/flash-tiny/model.gguf");
     let dir = std::env::temp_dir().join(format!("weft-truncated-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("model.gguf");
