@@ -119,7 +119,7 @@ impl GraphExecutor {
         }
         #[cfg(feature = "cuda")]
         let cuda = match device {
-            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i)?)),
+            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i, config.numerics)?)),
             Device::Cpu | Device::Metal => None,
         };
         #[cfg(all(feature = "metal", target_os = "macos"))]

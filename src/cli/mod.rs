@@ -99,7 +99,7 @@ pub struct ModelArgs {
     /// `exact` (every kernel in its fixed float order: the CPU's matches
     /// llama.cpp's, CUDA's the CPU's) or `fast` (kernels may reorder float
     /// work, e.g. decode attention split over the cache). Default:
-    /// `WEFT_NUMERICS`, else exact.
+    /// `WEFT_NUMERICS`, else fast on CUDA and exact on the CPU and Metal.
     #[arg(long)]
     pub numerics: Option<weft::runtime::Numerics>,
 }
@@ -149,8 +149,12 @@ impl ModelArgs {
         }
         config.graph_diag = s.graph_diag.unwrap_or(false);
         config.fuse = s.fuse.unwrap_or(true);
-        config.numerics = s.numerics.unwrap_or_default();
-        Ok(GraphExecutor::with_config(self.device()?, config)?)
+        let device = self.device()?;
+        config.numerics = s.numerics.unwrap_or(match device {
+            Device::Cuda(_) => weft::runtime::Numerics::Fast,
+            Device::Cpu | Device::Metal => weft::runtime::Numerics::Exact,
+        });
+        Ok(GraphExecutor::with_config(device, config)?)
     }
 
     /// The device `--backend` names.

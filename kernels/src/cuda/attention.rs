@@ -244,6 +244,40 @@ pub(super) fn one_row_args(
     (args, chunk_shared_bytes(p.head_dim, k.dtype, chunk))
 }
 
+/// The split kernel of numerics `fast` ([`super::fast::attention`]) for a
+/// decode step's few query rows.
+///
+/// # Safety
+/// See [`CudaKernels::launch`]; `scratch` holds the shape's scratch bytes.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn launch_split(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    node: &OpNode,
+    p: &AttentionParams,
+    shape: super::fast::attention::SplitShape,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    scratch: u64,
+    step: u64,
+) -> Result<(), OpError> {
+    const OP: &str = "attention";
+    check_arity(OP, ins, outs, 3)?;
+    supports(node, p)?;
+    let (q, out) = (&ins[0], &outs[0]);
+    check_aligned(OP, q, 4)?;
+    let args = attn_args(
+        p,
+        q.tensor.rows(),
+        q.tensor.cols(),
+        &node.inputs[1],
+        out.tensor.cols(),
+    );
+    super::fast::attention::launch(
+        kernels, stream, OP, p, shape, args, q.ptr, &ins[1], &ins[2], out, scratch, step, false,
+    )
+}
+
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(

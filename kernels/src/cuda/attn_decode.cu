@@ -26,11 +26,16 @@
 
 // True when the one-pass path computes exactly what attn_chunk_body does:
 // one query row, one part (the padded view below 512 cells) and one pass.
-DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
-    if (a.n != 1 || gridDim.y != 1) return false;
+// `grid_y` and `threads`: the launch's (attn_decode_fits: this one's).
+DEV bool attn_decode_fits_shape(const AttnArgs& a, u32 qpos, u32 kv_rows, u32 grid_y,
+                                u32 threads) {
+    if (a.n != 1 || grid_y != 1) return false;
     if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
     const AttnExtent e = attn_extent(a, qpos, kv_rows);
-    return e.cells <= a.chunk && a.chunk <= blockDim.x && e.n_kv < 512u;
+    return e.cells <= a.chunk && a.chunk <= threads && e.n_kv < 512u;
+}
+DEV bool attn_decode_fits(const AttnArgs& a, u32 qpos, u32 kv_rows) {
+    return attn_decode_fits_shape(a, qpos, kv_rows, gridDim.y, blockDim.x);
 }
 
 // ggml's vec_dot_f16 over a staged key row (head_dim a multiple of 64,

@@ -40,6 +40,7 @@ mod attention;
 mod compress;
 mod dsv4;
 mod elementwise;
+mod fast;
 mod fused;
 mod hyper;
 mod launch;
@@ -64,6 +65,7 @@ pub use rope::{
     table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
 };
 
+use crate::Numerics;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use launch::{bad_call, driver_error};
 use std::collections::HashMap;
@@ -114,11 +116,22 @@ pub struct CudaKernels {
     /// Dynamic shared memory the kernels of `matmul::LARGE_SHARED` and
     /// `attention::LARGE_SHARED` may use.
     large_shared_limit: usize,
+    /// Whether launches may take the fast kernels (`fast/`).
+    numerics: Numerics,
+    /// The device's multiprocessors (the split attention's grid).
+    sms: usize,
 }
 
 impl CudaKernels {
-    /// Compiles (once per process and architecture) and loads every kernel.
+    /// Compiles (once per process and architecture) and loads every
+    /// kernel, launching the exact ones.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, OpError> {
+        Self::with_numerics(ctx, Numerics::Exact)
+    }
+
+    /// As [`new`](Self::new), launching the kernels of `numerics`: under
+    /// [`Numerics::Fast`] a node with a fast kernel (`fast/`) runs that one.
+    pub fn with_numerics(ctx: Arc<CudaContext>, numerics: Numerics) -> Result<Self, OpError> {
         let names: Vec<&'static str> = [
             argmax::KERNELS,
             attention::KERNELS,
@@ -129,6 +142,8 @@ impl CudaKernels {
             matmul::SILU_KERNELS,
             norm::KERNELS,
             proj_attention::KERNELS,
+            proj_attention::SPLIT_KERNELS,
+            fast::attention::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,
@@ -147,6 +162,7 @@ impl CudaKernels {
             .chain(matmul::GROUP_KERNELS)
             .chain(attention::LARGE_SHARED)
             .chain(proj_attention::KERNELS)
+            .chain(proj_attention::SPLIT_KERNELS)
         {
             // Static and dynamic shared memory together stay within the limit.
             let f = fns.get("matmul", name)?;
@@ -159,13 +175,41 @@ impl CudaKernels {
             )
             .map_err(|e| driver_error("matmul", "raising the shared-memory limit", e))?;
         }
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| driver_error("cuda", "reading the multiprocessor count", e))?
+            .max(1) as usize;
         Ok(CudaKernels {
             ctx,
             fns,
             rope_tables: Mutex::new(HashMap::new()),
             gelu: OnceLock::new(),
             large_shared_limit: optin,
+            numerics,
+            sms,
         })
+    }
+
+    /// The numerics mode the launches follow.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    /// The split attention's shape for `node` when its launch takes it
+    /// (numerics `fast`, a decode step's few query rows).
+    fn split_attention(&self, node: &OpNode) -> Option<fast::attention::SplitShape> {
+        if self.numerics != Numerics::Fast {
+            return None;
+        }
+        let (p, rows) = match &node.op {
+            Op::Attention(p) | Op::AttentionQuantize(p) => (p, node.inputs[0].rows()),
+            Op::ProjAttention(p) => (&p.attn, 1),
+            _ => return None,
+        };
+        fast::attention::takes(p, rows)
+            .then(|| fast::attention::SplitShape::new(p, rows, node.inputs[1].rows(), self.sms))
     }
 
     /// The context the kernels were loaded into.
@@ -250,9 +294,14 @@ impl CudaKernels {
     /// Bytes of device scratch one launch of `node` needs (0 for most ops;
     /// a matmul fed f32 activations quantizes them there).
     pub fn scratch_bytes(&self, node: &OpNode) -> usize {
+        let split = self.split_attention(node);
         match &node.op {
             Op::MatMul => matmul::scratch_bytes(node),
-            Op::ProjAttention(_) => proj_attention::scratch_bytes(node),
+            Op::Attention(p) | Op::AttentionQuantize(p) => split.map_or(0, |s| s.scratch_bytes(p)),
+            Op::ProjAttention(p) => {
+                let q = proj_attention::scratch_bytes(node);
+                split.map_or(q, |s| q.next_multiple_of(256) + s.scratch_bytes(&p.attn))
+            }
             op if dsv4::owns(op) => dsv4::scratch_bytes(node),
             _ => 0,
         }
@@ -438,11 +487,15 @@ impl CudaKernels {
             }
             Op::Rope(p) => rope::launch(self, s, p, ins, outs),
             Op::Softmax { scale } => softmax::launch(self, s, ins, outs, *scale),
-            Op::Attention(p) | Op::AttentionQuantize(p) => {
-                attention::launch(self, s, node, p, ins, outs, step)
-            }
+            Op::Attention(p) | Op::AttentionQuantize(p) => match self.split_attention(node) {
+                Some(shape) => {
+                    attention::launch_split(self, s, node, p, shape, ins, outs, scratch, step)
+                }
+                None => attention::launch(self, s, node, p, ins, outs, step),
+            },
             Op::ProjAttention(p) => {
-                proj_attention::launch(self, s, node, p, ins, outs, scratch, step)
+                let split = self.split_attention(node);
+                proj_attention::launch(self, s, node, p, ins, outs, scratch, step, split)
             }
             Op::SetRows { start, ring } => rows::set_rows(self, s, ins, outs, *start, *ring, step),
             Op::Argmax => argmax::launch(self, s, ins, outs),

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 18] = [
+const SOURCES: [(&str, &str); 19] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -26,6 +26,7 @@ const SOURCES: [(&str, &str); 18] = [
     ("attn_decode.cu", include_str!("attn_decode.cu")),
     ("fused.cu", include_str!("fused.cu")),
     ("proj_attn.cu", include_str!("proj_attn.cu")),
+    ("fast/attention.cu", include_str!("fast/attention.cu")),
     ("tail_rope.cu", include_str!("tail_rope.cu")),
     ("hyper.cu", include_str!("hyper.cu")),
     ("compress.cu", include_str!("compress.cu")),

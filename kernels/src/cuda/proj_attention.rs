@@ -5,6 +5,7 @@
 //! then needs no level of its own for the projections (one barrier per
 //! layer fewer); the bits are the chain's.
 
+use super::fast::attention::SplitShape;
 use super::launch::{
     bad_call, check_aligned, launch as enqueue, natural_alignment, unsupported, Arg,
 };
@@ -23,6 +24,19 @@ pub(super) const KERNELS: &[&str] = &[
     "proj_attn_q5_0_q8_1",
     "proj_attn_q8_0_q8_0",
     "proj_attn_q8_0_q8_1",
+];
+
+/// The same launches for numerics `fast`: block 0 attends only where the
+/// one-pass body fits, the split kernel launched after it elsewhere.
+pub(super) const SPLIT_KERNELS: &[&str] = &[
+    "proj_attn_split_q4_0_q8_0",
+    "proj_attn_split_q4_0_q8_1",
+    "proj_attn_split_q4_1_q8_0",
+    "proj_attn_split_q4_1_q8_1",
+    "proj_attn_split_q5_0_q8_0",
+    "proj_attn_split_q5_0_q8_1",
+    "proj_attn_split_q8_0_q8_0",
+    "proj_attn_split_q8_0_q8_1",
 ];
 
 const OP: &str = "qkv+attention+quantize";
@@ -221,6 +235,9 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
     node.inputs.get(3).map_or(0, |wq| wq.rows() * 4)
 }
 
+/// `split`: numerics `fast` (the split kernel's shape), whose scratch
+/// follows the query row's.
+///
 /// # Safety
 /// See [`CudaKernels::launch`].
 #[allow(clippy::too_many_arguments)]
@@ -233,6 +250,7 @@ pub(super) unsafe fn launch(
     outs: &[DeviceTensor],
     scratch: u64,
     step: u64,
+    split: Option<SplitShape>,
 ) -> Result<(), OpError> {
     supports(node, p, kernels.large_shared_limit)?;
     if scratch == 0 {
@@ -295,9 +313,12 @@ pub(super) unsafe fn launch(
         other => return Err(bad_call(OP, format!("a {other} output"))),
     };
     let fmt = block32_name(OP, wq.tensor.dtype)?;
+    let kind = if split.is_some() { "split_" } else { "" };
     enqueue(
         stream,
-        kernels.fns.get(OP, &format!("proj_attn_{fmt}_{suffix}"))?,
+        kernels
+            .fns
+            .get(OP, &format!("proj_attn_{kind}{fmt}_{suffix}"))?,
         (p.attn.heads as u32, 1, (3 * PARTS) as u32),
         THREADS,
         total as u32,
@@ -310,5 +331,10 @@ pub(super) unsafe fn launch(
             Arg::Ptr(step),
         ],
         OP,
+    )?;
+    let Some(shape) = split else { return Ok(()) };
+    let states = scratch + (wq.tensor.rows() * 4).next_multiple_of(256) as u64;
+    super::fast::attention::launch(
+        kernels, stream, OP, &p.attn, shape, attn, scratch, k, v, out, states, step, true,
     )
 }

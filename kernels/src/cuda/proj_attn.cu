@@ -169,7 +169,10 @@ struct ProjPart {
 // f16 caches; OUTF 0 / 1: the attention rows quantized to Q8_0 / Q8_1.
 // Block z of a head's cluster computes part z % PROJ_PARTS of matrix
 // z / PROJ_PARTS (the query's block 0 always has one); block 0 then attends.
-template <class F, int OUTF>
+// SPLIT (numerics `fast`): block 0 attends only where the one-pass body
+// fits; otherwise the node's split kernel (fast/attention.cu), launched
+// next, attends over the query row and cache rows written here.
+template <class F, int OUTF, bool SPLIT>
 DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out,
                         const AttnArgs& a, const u32* step) {
     extern __shared__ __align__(16) u8 att_dyn[];
@@ -202,6 +205,7 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
         return;
     }
     part();
+    if (SPLIT) return;
     attn_chunk_body<true, true, OUTF>(p.q, kc, vc, out, a, step);  // its wait: already done
 }
 
@@ -209,7 +213,12 @@ DEV void proj_attn_body(const ProjArgs& p, const u8* kc, const u8* vc, void* out
     extern "C" __global__ void __launch_bounds__(512) PROJ_CLUSTER                             \
         proj_attn_##FMT##_##OUT(ProjArgs p, const u8* k, const u8* v, void* out, AttnArgs a,   \
                                 const u32* step) {                                             \
-        proj_attn_body<F, OUTF>(p, k, v, out, a, step);                                        \
+        proj_attn_body<F, OUTF, false>(p, k, v, out, a, step);                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) PROJ_CLUSTER                             \
+        proj_attn_split_##FMT##_##OUT(ProjArgs p, const u8* k, const u8* v, void* out,         \
+                                      AttnArgs a, const u32* step) {                           \
+        proj_attn_body<F, OUTF, true>(p, k, v, out, a, step);                                  \
     }
 PROJ_ATTN_ENTRY(q4_0, FmtQ4_0, q8_0, 0)
 PROJ_ATTN_ENTRY(q4_0, FmtQ4_0, q8_1, 1)

@@ -85,7 +85,10 @@ pub(crate) struct CudaBackend {
 const BRANCH_STREAMS: usize = 4;
 
 impl CudaBackend {
-    pub(crate) fn new(ordinal: usize) -> Result<CudaBackend, RuntimeError> {
+    pub(crate) fn new(
+        ordinal: usize,
+        numerics: weft_kernels::Numerics,
+    ) -> Result<CudaBackend, RuntimeError> {
         if let Some(why) = unavailable_reason() {
             return Err(RuntimeError::Usage(format!("CUDA is unavailable: {why}")));
         }
@@ -98,7 +101,7 @@ impl CudaBackend {
             .map(|_| ctx.new_stream().map_err(driver))
             .collect::<Result<_, _>>()?;
         let readback_stream = ctx.new_stream().map_err(driver)?;
-        let kernels = CudaKernels::new(Arc::clone(&ctx))?;
+        let kernels = CudaKernels::with_numerics(Arc::clone(&ctx), numerics)?;
         let use_graphs = match std::env::var("WEFT_CUDA_GRAPHS") {
             Err(std::env::VarError::NotPresent) => true,
             Ok(v) if v.trim() == "1" => true,

@@ -1,0 +1,6 @@
+//! The CUDA kernels of numerics `fast`: the same op families as the exact
+//! kernels beside this folder, free to reorder floating-point work. Each
+//! states its float order and error bound in its source; a node without a
+//! fast kernel runs its exact one.
+
+pub(super) mod attention;
