@@ -721,7 +721,7 @@ fn env_cases() -> Vec<Case> {
         "WEFT_CPU_ISA",
         "WEFT_PYTHON",
         "WEFT_THREADS",
-        "WEFT_CUDA_PDL",
+        "WEFT_CUDA_STREAMS",
     ] {
         v.push(
             case(

@@ -117,9 +117,12 @@ impl GraphExecutor {
         if let Some(why) = device.unavailable_reason() {
             return Err(RuntimeError::Usage(format!("cannot use {device}: {why}")));
         }
+        if let Some(isa) = config.cpu.isa {
+            isa.select()?;
+        }
         #[cfg(feature = "cuda")]
         let cuda = match device {
-            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i)?)),
+            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i, &config.cuda)?)),
             Device::Cpu | Device::Metal => None,
         };
         #[cfg(all(feature = "metal", target_os = "macos"))]

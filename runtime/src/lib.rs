@@ -30,7 +30,7 @@ mod threadpool;
 mod trace;
 mod widen;
 
-pub use config::{ExecutorConfig, Fault};
+pub use config::{CpuConfig, CudaConfig, ExecutorConfig, Fault};
 pub use counters::Counters;
 pub use error::RuntimeError;
 pub use executor::{Device, GraphExecutor, Tapped};

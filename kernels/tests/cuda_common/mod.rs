@@ -29,8 +29,10 @@ pub fn gpu() -> Option<&'static Gpu> {
         let ctx = CudaContext::new(0).map_err(|e| format!("CudaContext::new(0): {e}"))?;
         // SAFETY: called before this context allocates anything.
         unsafe { ctx.disable_event_tracking() };
-        let kernels =
-            CudaKernels::new(ctx.clone()).map_err(|e| format!("CudaKernels::new: {e}"))?;
+        // The device scripts keep compiled PTX between runs.
+        let ptx_cache = std::env::var_os("WEFT_CUDA_PTX_CACHE").map(std::path::PathBuf::from);
+        let kernels = CudaKernels::new(ctx.clone(), ptx_cache.as_deref())
+            .map_err(|e| format!("CudaKernels::new: {e}"))?;
         Ok(Gpu { ctx, kernels })
     });
     match g {

@@ -561,7 +561,7 @@ impl CudaBackend {
                     at
                 })
                 .collect();
-            let launches = self.level_launches(cb, level.clone(), self.group && g.clock.is_none());
+            let launches = self.level_launches(cb, level.clone(), g.clock.is_none());
             let width = launches.len().min(self.streams);
             if width > 1 {
                 let fork = self.main.record_event(None).map_err(driver)?;
