@@ -1,13 +1,15 @@
 //! The executor: owns a device's buffers, its pools and (on the CPU) its
 //! thread pool, and opens recording sessions.
 
+use crate::backend::Backend;
 use crate::config::ExecutorConfig;
 use crate::counters::{Counters, LiveCounters};
+use crate::cpu::threadpool::{Job, ThreadPool};
+use crate::cpu::CpuBackend;
 use crate::memory::{HostBytes, Storage};
 use crate::pool::{PoolScope, PoolStats, Pools};
 use crate::session::{GraphSession, SessionMode};
 use crate::submission::InFlight;
-use crate::threadpool::{Job, ThreadPool};
 use crate::trace::{Trace, TraceState};
 use crate::RuntimeError;
 use std::sync::Arc;
@@ -73,6 +75,8 @@ pub(crate) struct BufferEntry {
 pub struct GraphExecutor {
     device: Device,
     pub(crate) config: ExecutorConfig,
+    /// The device's side of every commit (`backend.rs`).
+    pub(crate) backend: Arc<dyn Backend>,
     pub(crate) buffers: Vec<Option<BufferEntry>>,
     pub(crate) pool: ThreadPool,
     pub(crate) counters: Arc<LiveCounters>,
@@ -130,11 +134,25 @@ impl GraphExecutor {
             Device::Metal => Some(Arc::new(crate::metal::MetalBackend::new()?)),
             _ => None,
         };
+        let backend: Arc<dyn Backend> = match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => match &cuda {
+                Some(cuda) => Arc::clone(cuda) as Arc<dyn Backend>,
+                None => Arc::new(CpuBackend),
+            },
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            Device::Metal => match &metal {
+                Some(metal) => Arc::clone(metal) as Arc<dyn Backend>,
+                None => Arc::new(CpuBackend),
+            },
+            _ => Arc::new(CpuBackend),
+        };
         let counters = Arc::new(LiveCounters::default());
         let pool = ThreadPool::new(config.threads, Arc::clone(&counters))?;
         Ok(GraphExecutor {
             device,
             config,
+            backend,
             buffers: Vec::new(),
             pool,
             counters,

@@ -210,8 +210,8 @@ impl CudaBackend {
     /// captured; captures one when the structure comes a second time;
     /// launches eagerly otherwise (and always with `WEFT_CUDA_GRAPHS=0`).
     /// Also returns the structure's key when a graph of it is cached now
-    /// (a later step of the same structure can [`replay`](Self::replay) it).
-    pub(crate) fn submit(&self, cb: CudaCommandBuffer) -> (Arc<CudaWork>, Option<u64>) {
+    /// (a later step of the same structure can [`replay_graph`](Self::replay_graph) it).
+    pub(crate) fn enqueue(&self, cb: CudaCommandBuffer) -> (Arc<CudaWork>, Option<u64>) {
         if let Some(n) = cb.nodes.iter().find(|n| n.fail) {
             let e = RuntimeError::Execution {
                 op: n.node.op.name(),
@@ -249,7 +249,7 @@ impl CudaBackend {
     /// values: `values` are the step scalars of its nodes in order, `writes`
     /// the host bytes of its `Write` nodes (by position in the command
     /// buffer). `None` when no such graph is cached (any more).
-    pub(crate) fn replay(
+    pub(crate) fn replay_graph(
         &self,
         key: u64,
         values: &[u32],

@@ -16,8 +16,10 @@
 //! say so.
 
 mod graph;
+mod submit;
 
 pub(crate) use graph::{CudaCommandBuffer, CudaNode, CudaWork};
+pub(crate) use submit::node_timings;
 
 use crate::{CudaConfig, RuntimeError};
 use std::collections::HashMap;

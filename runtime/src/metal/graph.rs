@@ -12,7 +12,7 @@
 //! weft's models never need it: their matmuls read rows their
 //! `QuantizeRows` wrote.
 //!
-//! `submit` encodes and commits without waiting; the returned
+//! `enqueue` encodes and commits without waiting; the returned
 //! [`MetalWork`] keeps every buffer the command buffer binds (and its
 //! arena) alive until it completes, and `wait` reports the first failure:
 //! a kernel's status word by node label, or the command buffer's error.
@@ -191,7 +191,7 @@ fn span_label(nodes: &[MetalNode]) -> String {
 impl MetalBackend {
     /// Encodes and commits `cb` without waiting; returns the in-flight
     /// work and the number of memory barriers encoded.
-    pub(crate) fn submit(&self, cb: MetalCommandBuffer) -> (Arc<MetalWork>, u64) {
+    pub(crate) fn enqueue(&self, cb: MetalCommandBuffer) -> (Arc<MetalWork>, u64) {
         let label = span_label(&cb.nodes);
         let mut state = WorkState {
             encoder: None,
