@@ -10,10 +10,12 @@ pub(crate) use submit::collect_timings;
 
 use crate::backend::{Backend, PlanParts};
 use crate::counters::LiveCounters;
+use crate::memory::{HostBytes, Storage};
 use crate::plan::StepPlan;
 use crate::session::GraphSession;
 use crate::submission::InFlight;
 use crate::RuntimeError;
+use std::sync::Arc;
 use std::time::Instant;
 use weft_graph::Schedule;
 use weft_ops::{OpError, OpNode};
@@ -22,6 +24,14 @@ use weft_ops::{OpError, OpNode};
 pub(crate) struct CpuBackend;
 
 impl Backend for CpuBackend {
+    fn alloc_storage(&self, len: usize, name: &str) -> Result<Storage, RuntimeError> {
+        Storage::owned(len, name)
+    }
+
+    fn wrap_bytes(&self, bytes: Arc<dyn HostBytes>, _name: &str) -> Result<Storage, RuntimeError> {
+        Ok(Storage::borrowed(bytes))
+    }
+
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
         weft_kernels::cpu::supports(node)
     }

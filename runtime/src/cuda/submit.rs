@@ -1,18 +1,21 @@
-//! CUDA submission: each scheduled command buffer becomes a CUDA graph
-//! launch (captured once per structure, then replayed with this step's
-//! values), and a kept plan replays its graphs without preparing them.
+//! The CUDA side of the backend seam: device memory for the executor, and
+//! submission: each scheduled command buffer becomes a CUDA graph launch
+//! (captured once per structure, then replayed with this step's values),
+//! and a kept plan replays its graphs without preparing them.
 
 use super::{CudaBackend, CudaCommandBuffer, CudaNode, CudaWork};
 use crate::backend::{Backend, PlanParts};
 use crate::commit::{node_labels, plan_differs};
 use crate::counters::LiveCounters;
+use crate::memory::{HostBytes, Storage};
 use crate::plan::StepPlan;
 use crate::session::{GraphSession, NodeTiming};
 use crate::submission::InFlight;
+use crate::trace::{DeviceSpan, TraceState};
 use crate::RuntimeError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use weft_graph::{BufferId, Label, Node, Schedule};
 use weft_ops::{OpError, OpNode, Tensor};
 
@@ -20,6 +23,67 @@ use weft_ops::{OpError, OpNode, Tensor};
 type UsedBuffers = Vec<(BufferId, Arc<crate::memory::Storage>)>;
 
 impl Backend for CudaBackend {
+    fn alloc_storage(&self, len: usize, _name: &str) -> Result<Storage, RuntimeError> {
+        Ok(Storage::device(self.alloc(len)?))
+    }
+
+    /// Weights are uploaded once.
+    fn wrap_bytes(&self, bytes: Arc<dyn HostBytes>, _name: &str) -> Result<Storage, RuntimeError> {
+        let host = bytes.host_bytes();
+        let buffer = self.alloc(host.len())?;
+        self.upload(buffer.ptr, host)?;
+        Ok(Storage::device(buffer))
+    }
+
+    fn wait_all(&self) -> Result<(), RuntimeError> {
+        self.synchronize()
+    }
+
+    fn read_device(
+        &self,
+        storage: &Storage,
+        offset: usize,
+        len: usize,
+    ) -> Option<Result<Vec<u8>, RuntimeError>> {
+        let ptr = storage.device_ptr()?;
+        Some(self.download_now(ptr + offset as u64, len))
+    }
+
+    fn write_device(
+        &self,
+        storage: &Storage,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<(), RuntimeError>> {
+        let ptr = storage.device_ptr()?;
+        Some(self.upload(ptr + offset, data))
+    }
+
+    fn graph_stats(&self) -> Option<(u64, u64, u64)> {
+        Some(self.graph_counts())
+    }
+
+    fn device_busy(&self) -> Option<Duration> {
+        let ns = self.busy_ns.load(std::sync::atomic::Ordering::Relaxed);
+        Some(Duration::from_nanos(ns))
+    }
+
+    fn device_name(&self) -> Option<String> {
+        Some(self.name())
+    }
+
+    fn device_spans(&self, trace: &mut TraceState, epoch: Instant) -> Vec<DeviceSpan> {
+        let mut device = Vec::new();
+        let works = std::mem::take(&mut trace.cuda);
+        if let (false, Ok((_, origin))) = (works.is_empty(), self.clock_origin()) {
+            let zero = origin.saturating_duration_since(epoch).as_secs_f64() * 1e6;
+            for (cb, work) in works {
+                device.extend(work.node_spans(cb, zero));
+            }
+        }
+        device
+    }
+
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
         self.kernels.supports(node)
     }

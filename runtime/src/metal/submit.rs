@@ -1,10 +1,12 @@
-//! Metal submission: each scheduled command buffer becomes one Metal
-//! command buffer (one concurrent compute encoder, a memory barrier
-//! between levels), committed without waiting. Metal keeps no step plans.
+//! The Metal side of the backend seam: shared memory for the executor, and
+//! submission: each scheduled command buffer becomes one Metal command
+//! buffer (one concurrent compute encoder, a memory barrier between
+//! levels), committed without waiting. Metal keeps no step plans.
 
 use super::{prepare, MetalBackend};
 use crate::backend::{Backend, PlanParts};
 use crate::counters::LiveCounters;
+use crate::memory::{HostBytes, Storage};
 use crate::plan::StepPlan;
 use crate::session::GraphSession;
 use crate::submission::InFlight;
@@ -15,6 +17,31 @@ use weft_graph::Schedule;
 use weft_ops::{OpError, OpNode};
 
 impl Backend for MetalBackend {
+    fn alloc_storage(&self, len: usize, name: &str) -> Result<Storage, RuntimeError> {
+        Ok(Storage::metal_storage(self.alloc(len, name)?))
+    }
+
+    /// Weights are copied into shared memory once.
+    fn wrap_bytes(&self, bytes: Arc<dyn HostBytes>, name: &str) -> Result<Storage, RuntimeError> {
+        Ok(Storage::metal_storage(
+            self.upload(bytes.host_bytes(), name)?,
+        ))
+    }
+
+    fn wait_all(&self) -> Result<(), RuntimeError> {
+        self.synchronize();
+        Ok(())
+    }
+
+    /// Reads wait for everything.
+    fn reads_beside_work(&self) -> bool {
+        false
+    }
+
+    fn device_name(&self) -> Option<String> {
+        Some(self.name())
+    }
+
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
         self.kernels.supports(node)
     }
