@@ -18,6 +18,7 @@ use crate::RuntimeError;
 use std::sync::Arc;
 use std::time::Instant;
 use weft_graph::Schedule;
+use weft_kernels::{CpuKernels, Kernels};
 use weft_ops::{OpError, OpNode};
 
 /// The host CPU.
@@ -33,7 +34,7 @@ impl Backend for CpuBackend {
     }
 
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
-        weft_kernels::cpu::supports(node)
+        CpuKernels.supports(node)
     }
 
     fn plans_steps(&self) -> bool {

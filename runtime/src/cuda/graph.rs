@@ -14,6 +14,7 @@ use weft_kernels::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
 };
 use weft_kernels::cuda::DeviceTensor;
+use weft_kernels::{CudaTarget, Kernels};
 use weft_ops::{Op, OpNode, Tensor};
 
 /// A node resolved to device memory.
@@ -394,7 +395,7 @@ impl CudaBackend {
         for n in &cb.nodes {
             // Host writes are copies from pinned staging, not kernels.
             if !matches!(n.node.op, Op::Write { .. }) {
-                self.kernels.supports(&n.node)?;
+                Kernels::supports(&self.kernels, &n.node)?;
                 self.kernels.prepare(&n.node, &self.main)?;
             }
             step_offsets.push(step_len);
@@ -407,7 +408,7 @@ impl CudaBackend {
                 }
                 _ => None,
             });
-            scratch_len += self.kernels.scratch_bytes(&n.node).next_multiple_of(256);
+            scratch_len += Kernels::scratch_bytes(&self.kernels, &n.node).next_multiple_of(256);
         }
         // SAFETY: pinned memory is written before any copy reads it.
         let staging =
@@ -554,9 +555,7 @@ impl CudaBackend {
                 .clone()
                 .map(|i| {
                     let at = scratch;
-                    scratch += self
-                        .kernels
-                        .scratch_bytes(&cb.nodes[i].node)
+                    scratch += Kernels::scratch_bytes(&self.kernels, &cb.nodes[i].node)
                         .next_multiple_of(256) as u64;
                     at
                 })
@@ -709,8 +708,13 @@ impl CudaBackend {
         }
         // SAFETY: every tensor was resolved to live device memory of its size.
         unsafe {
-            self.kernels
-                .launch_before(stream, &n.node, &n.ins, &n.outs, scratch, step, next)
+            let mut at = CudaTarget {
+                stream,
+                scratch,
+                step,
+                next,
+            };
+            Kernels::launch(&self.kernels, &mut at, &n.node, &n.ins, &n.outs)
         }
         .map_err(fail)
     }

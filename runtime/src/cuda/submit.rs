@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_graph::{BufferId, Label, Node, Schedule};
+use weft_kernels::Kernels;
 use weft_ops::{OpError, OpNode, Tensor};
 
 /// The buffers a CUDA command buffer points into, by id.
@@ -85,7 +86,7 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
-        self.kernels.supports(node)
+        Kernels::supports(&self.kernels, node)
     }
 
     /// Cache writes of uploaded bytes are carried out by the graph itself.
@@ -93,7 +94,7 @@ impl Backend for CudaBackend {
         if matches!(node.op, weft_ops::Op::Write { .. }) {
             return Ok(());
         }
-        self.kernels.supports(node)
+        Kernels::supports(&self.kernels, node)
     }
 
     fn plans_steps(&self) -> bool {

@@ -30,6 +30,7 @@ use weft_kernels::metal::mlx_native::{CommandEncoder, MlxBuffer};
 use weft_kernels::metal::{
     read_u32s, status_message, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux,
 };
+use weft_kernels::{Kernels, MetalTarget};
 use weft_ops::{Op, OpNode, Tensor};
 
 /// A node resolved to Metal buffers.
@@ -337,8 +338,14 @@ impl MetalBackend {
         }
         for (i, aux) in level.zip(&auxes) {
             let n = &cb.nodes[i];
-            kernels
-                .encode(enc, arena, &n.node, &n.ins, &n.outs, aux)
+            let mut at = MetalTarget {
+                enc: &mut *enc,
+                arena: &mut *arena,
+                aux,
+            };
+            // SAFETY: every tensor was resolved to a live Metal buffer the
+            // command buffer keeps, and the level's nodes do not conflict.
+            unsafe { Kernels::launch(kernels, &mut at, &n.node, &n.ins, &n.outs) }
                 .map_err(node_error(n))?;
         }
         Ok((u64::from(prologues), auxes))

@@ -14,6 +14,7 @@ use crate::RuntimeError;
 use std::sync::Arc;
 use std::time::Instant;
 use weft_graph::Schedule;
+use weft_kernels::Kernels;
 use weft_ops::{OpError, OpNode};
 
 impl Backend for MetalBackend {
@@ -43,7 +44,7 @@ impl Backend for MetalBackend {
     }
 
     fn supports(&self, node: &OpNode) -> Result<(), OpError> {
-        self.kernels.supports(node)
+        Kernels::supports(&self.kernels, node)
     }
 
     fn plans_steps(&self) -> bool {
