@@ -414,7 +414,7 @@ fn kernel_timings_at_smollm2_shapes() {
         let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
         (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
     }));
-    if let Ok(filter) = std::env::var("WEFT_BENCH_FILTER") {
+    if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
         cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
     }
     let Some(g) = g else {

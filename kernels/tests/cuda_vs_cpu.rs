@@ -7,7 +7,7 @@
 //! as well; the stated exceptions (soft-capped attention, rope positions
 //! past the angle table) are checked against a tolerance.
 //!
-//! Without a GPU every test prints why and passes; `WEFT_REQUIRE_CUDA=1`
+//! Without a GPU every test prints why and passes; `WEFT_TEST_REQUIRE_CUDA=1`
 //! makes that a failure (the device script sets it).
 
 #![cfg(feature = "cuda")]
