@@ -11,7 +11,7 @@
 # on first use). Steps 2 and 3 need the CLI's `--backend metal`.
 #
 # Environment:
-#   WEFT_REFERENCE_DIR  llama.cpp's reference outputs (default: the
+#   WEFT_TEST_REFERENCE_DIR  llama.cpp's reference outputs (default: the
 #                       repository's `tests/reference`)
 #   LLAMA_BENCH         llama-bench binary (default: `llama-bench` on PATH;
 #                       `brew install llama.cpp` provides a Metal build)
@@ -36,7 +36,7 @@ fi
 echo "== $(sw_vers -productName) $(sw_vers -productVersion) on $(uname -m); $(rustc --version)"
 system_profiler SPDisplaysDataType 2>/dev/null | awk -F': ' '/Chipset Model|Metal/ {print "==   " $1 ": " $2}' || true
 
-export WEFT_REQUIRE_METAL=1
+export WEFT_TEST_REQUIRE_METAL=1
 FEATURES="--features metal"
 
 if ! skip ops; then
@@ -52,14 +52,14 @@ if ! "$WEFT" run --help | grep -q -- "--backend"; then
 fi
 
 reference_dir() {
-  if [[ -n "${WEFT_REFERENCE_DIR:-}" ]]; then echo "$WEFT_REFERENCE_DIR"; return; fi
+  if [[ -n "${WEFT_TEST_REFERENCE_DIR:-}" ]]; then echo "$WEFT_TEST_REFERENCE_DIR"; return; fi
   echo "$PWD/tests/reference"
 }
 
 if ! skip greedy; then
   echo "== 2/3 SmolLM2 greedy continuations on Metal against llama.cpp"
   REF="$(reference_dir)/smollm2.json"
-  [[ -f "$REF" ]] || fail "no reference file at $REF (set WEFT_REFERENCE_DIR)"
+  [[ -f "$REF" ]] || fail "no reference file at $REF (set WEFT_TEST_REFERENCE_DIR)"
   python3 - "$WEFT" "$REF" <<'PY'
 import json, subprocess, sys
 weft, ref = sys.argv[1], sys.argv[2]

@@ -7,8 +7,9 @@
 //! silently.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use weft_kernels::cpu::quant::{Isa, ISA_ENV};
-use weft_runtime::Numerics;
+use weft_runtime::{CudaConfig, ExecutorConfig, Numerics};
 
 /// Knobs that can come from the environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,6 +28,14 @@ pub struct Settings {
     pub fuse: Option<bool>,
     /// `WEFT_NUMERICS`: exact or fast.
     pub numerics: Option<Numerics>,
+    /// `WEFT_CPU_ISA`: scalar, avx2 or avx512 (at most what this CPU has).
+    pub cpu_isa: Option<Isa>,
+    /// `WEFT_CUDA_GRAPHS`: 0 launches eagerly, 1 captures CUDA graphs.
+    pub cuda_graphs: Option<bool>,
+    /// `WEFT_CUDA_STREAMS`: streams per level, 1..=4.
+    pub cuda_streams: Option<usize>,
+    /// `WEFT_CUDA_PTX_CACHE`: a folder keeping compiled kernels.
+    pub cuda_ptx_cache: Option<PathBuf>,
 }
 
 /// A malformed setting.
@@ -38,71 +47,54 @@ pub struct SettingsError {
     pub accepts: std::borrow::Cow<'static, str>,
 }
 
-/// How a variable outside [`Settings`] is checked.
-enum Rule {
-    /// One of these strings, exactly (the reader does not trim).
-    Exact(&'static [&'static str]),
-    /// One of these strings after trimming white space.
-    Trimmed(&'static [&'static str]),
-    /// An integer in the range, after trimming white space.
-    Range(u64, u64),
-    /// A non-empty path.
-    Path,
-}
+/// The variables read outside [`Settings`] (by the model fetch, paths
+/// that must not be empty), with what their reader accepts.
+const OTHER_VARS: &[(&str, &str)] = &[
+    ("WEFT_CACHE", "a non-empty folder path"),
+    ("WEFT_PYTHON", "a non-empty path to a Python 3 interpreter"),
+];
 
-/// The variables read outside [`Settings`], with what their readers
-/// accept: the model fetch and the CUDA backend (checked by name and value
-/// whatever the build, so a CPU-only run refuses a bad value too).
-const OTHER_VARS: &[(&str, Rule, &str)] = &[
-    ("WEFT_CACHE", Rule::Path, "a non-empty folder path"),
+/// Variables weft no longer reads, with what happens instead: setting one
+/// is an error, so a switch that has no effect is not mistaken for one
+/// that does. Each chose between kernel variants of the same bits; the
+/// measured fastest is the only one left.
+const RETIRED_VARS: &[(&str, &str)] = &[
     (
-        "WEFT_PYTHON",
-        Rule::Path,
-        "a non-empty path to a Python 3 interpreter",
-    ),
-    ("WEFT_CUDA_GRAPHS", Rule::Trimmed(&["0", "1"]), "0 or 1"),
-    ("WEFT_CUDA_GROUP", Rule::Trimmed(&["0", "1"]), "0 or 1"),
-    (
-        "WEFT_CUDA_STREAMS",
-        Rule::Range(1, 4),
-        "an integer from 1 to 4",
-    ),
-    ("WEFT_CUDA_PTX_CACHE", Rule::Path, "a non-empty folder path"),
-    (
-        "WEFT_CUDA_F64_SUM",
-        Rule::Exact(&["auto", "bounded", "sequential", "parallel"]),
-        "one of auto, bounded, sequential, parallel",
+        "WEFT_CUDA_GROUP",
+        "a level's decode matvecs of one activation row always share one launch",
     ),
     (
         "WEFT_CUDA_MATVEC_ROWS",
-        Rule::Exact(&["staged", "direct"]),
-        "staged or direct",
+        "grouped decode matvecs always stage their weight rows where they fit",
     ),
     (
         "WEFT_CUDA_MATVEC_BLOCK_ROWS",
-        Rule::Exact(&["8", "16", "32"]),
-        "8, 16 or 32",
+        "staged grouped decode matvecs always take 16 rows per block",
     ),
     (
         "WEFT_CUDA_PROJ_ATTENTION",
-        Rule::Exact(&["0", "1"]),
-        "0 or 1",
+        "a decode step's q/k/v projections are always fused into its attention where supported",
     ),
     (
         "WEFT_CUDA_ATTN_STAGING",
-        Rule::Exact(&["auto", "direct"]),
-        "auto or direct",
+        "the tiled prefill attention always stages f16 tiles where shared memory allows",
     ),
-    ("WEFT_CUDA_PDL", Rule::Exact(&["0", "1"]), "0 or 1"),
+    (
+        "WEFT_CUDA_F64_SUM",
+        "norms and softmax always reproduce the CPU's f64 sums by the bounded method",
+    ),
+    (
+        "WEFT_CUDA_PDL",
+        "programmatic dependent launch is always on where the device has it",
+    ),
     (
         "WEFT_CUDA_ROPE_POSITIONS",
-        Rule::Range(1, u32::MAX as u64),
-        "a positive integer (positions per rope table)",
+        "rope tables always cover 32768 positions",
     ),
 ];
 
 /// The variables [`Settings`] reads.
-pub const SETTINGS_VARS: [&str; 7] = [
+pub const SETTINGS_VARS: [&str; 11] = [
     "WEFT_THREADS",
     "WEFT_REORDER",
     "WEFT_LAYERS_PER_CB",
@@ -110,20 +102,23 @@ pub const SETTINGS_VARS: [&str; 7] = [
     "WEFT_GRAPH_DIAG",
     "WEFT_FUSE",
     "WEFT_NUMERICS",
+    ISA_ENV,
+    "WEFT_CUDA_GRAPHS",
+    "WEFT_CUDA_STREAMS",
+    "WEFT_CUDA_PTX_CACHE",
 ];
 
 /// Every variable a user can set, as [`check_environment`] checks them.
 pub fn variables() -> Vec<&'static str> {
     let mut all = SETTINGS_VARS.to_vec();
-    all.push(ISA_ENV);
-    all.extend(OTHER_VARS.iter().map(|(var, _, _)| *var));
+    all.extend(OTHER_VARS.iter().map(|(var, _)| *var));
     all
 }
 
 /// Checks every `WEFT_*` variable a user can set, in the process
-/// environment: [`Settings`], `WEFT_CPU_ISA` (also against this CPU), the
-/// model fetch's and the CUDA backend's. The command line calls this at
-/// start-up, before any work.
+/// environment: [`Settings`] (`WEFT_CPU_ISA` also against this CPU), the
+/// model fetch's, and that no retired variable is set. The command line
+/// calls this at start-up, before any work.
 pub fn check_environment() -> Result<Settings, SettingsError> {
     check_vars(|k| std::env::var_os(k))
 }
@@ -131,46 +126,24 @@ pub fn check_environment() -> Result<Settings, SettingsError> {
 /// [`check_environment`] reading variables through `get`.
 pub fn check_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<Settings, SettingsError> {
     let settings = Settings::from_vars(&get)?;
-    let isa = "scalar, avx2 or avx512";
-    if let Some(value) = text(&get, ISA_ENV, isa)? {
-        let accepts = match Isa::parse(&value) {
-            Err(_) => Some(isa.into()),
-            Ok(wanted) if !wanted.is_supported() => Some(
-                format!(
-                    "{isa}, and this CPU supports at most {}",
-                    Isa::best_supported().name()
-                )
-                .into(),
-            ),
-            Ok(_) => None,
-        };
-        if let Some(accepts) = accepts {
+    for (var, instead) in RETIRED_VARS {
+        if let Some(value) = get(var) {
             return Err(SettingsError {
-                var: ISA_ENV,
-                value,
-                accepts,
+                var,
+                value: value.to_string_lossy().into_owned(),
+                accepts: format!("nothing: the variable was removed ({instead}); unset it").into(),
             });
         }
     }
-    for (var, rule, accepts) in OTHER_VARS {
-        let Some(value) = text(&get, var, accepts)? else {
-            continue;
-        };
-        let ok = match rule {
-            Rule::Exact(names) => names.contains(&value.as_str()),
-            Rule::Trimmed(names) => names.contains(&value.trim()),
-            Rule::Range(min, max) => value
-                .trim()
-                .parse::<u64>()
-                .is_ok_and(|n| (*min..=*max).contains(&n)),
-            Rule::Path => !value.trim().is_empty(),
-        };
-        if !ok {
-            return Err(SettingsError {
-                var,
-                value,
-                accepts: (*accepts).into(),
-            });
+    for (var, accepts) in OTHER_VARS {
+        if let Some(value) = text(&get, var, accepts)? {
+            if value.trim().is_empty() {
+                return Err(SettingsError {
+                    var,
+                    value,
+                    accepts: (*accepts).into(),
+                });
+            }
         }
     }
     Ok(settings)
@@ -204,6 +177,16 @@ impl Settings {
             graph_diag: flag(&get, "WEFT_GRAPH_DIAG")?,
             fuse: flag(&get, "WEFT_FUSE")?,
             numerics: numerics(&get)?,
+            cpu_isa: cpu_isa(&get)?,
+            cuda_graphs: flag(&get, "WEFT_CUDA_GRAPHS")?,
+            cuda_streams: number(
+                &get,
+                "WEFT_CUDA_STREAMS",
+                1,
+                CudaConfig::MAX_STREAMS as u64,
+                "an integer from 1 to 4",
+            )?,
+            cuda_ptx_cache: path(&get, "WEFT_CUDA_PTX_CACHE", "a non-empty folder path")?,
         })
     }
 
@@ -217,7 +200,84 @@ impl Settings {
             graph_diag: over.graph_diag.or(self.graph_diag),
             fuse: over.fuse.or(self.fuse),
             numerics: over.numerics.or(self.numerics),
+            cpu_isa: over.cpu_isa.or(self.cpu_isa),
+            cuda_graphs: over.cuda_graphs.or(self.cuda_graphs),
+            cuda_streams: over.cuda_streams.or(self.cuda_streams),
+            cuda_ptx_cache: over.cuda_ptx_cache.clone().or(self.cuda_ptx_cache),
         }
+    }
+
+    /// The executor configuration: the defaults with every setting given
+    /// here replacing its field.
+    pub fn executor_config(&self) -> ExecutorConfig {
+        let mut config = ExecutorConfig::default();
+        if let Some(t) = self.threads {
+            config.threads = t;
+        }
+        if let Some(r) = self.reorder {
+            config.reorder = r;
+        }
+        if let Some(k) = self.layers_per_cb {
+            config.cut.layers_per_cb = Some(k);
+        }
+        if let Some(d) = self.graph_diag {
+            config.graph_diag = d;
+        }
+        if let Some(f) = self.fuse {
+            config.fuse = f;
+        }
+        if let Some(n) = self.numerics {
+            config.numerics = n;
+        }
+        config.cpu.isa = self.cpu_isa;
+        if let Some(g) = self.cuda_graphs {
+            config.cuda.graphs = g;
+        }
+        if let Some(n) = self.cuda_streams {
+            config.cuda.streams = n;
+        }
+        config.cuda.ptx_cache = self.cuda_ptx_cache.clone();
+        config
+    }
+}
+
+fn cpu_isa(get: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Isa>, SettingsError> {
+    let accepts = "scalar, avx2 or avx512";
+    let Some(value) = text(get, ISA_ENV, accepts)? else {
+        return Ok(None);
+    };
+    match Isa::parse(&value) {
+        Err(_) => Err(SettingsError {
+            var: ISA_ENV,
+            value,
+            accepts: accepts.into(),
+        }),
+        Ok(wanted) if !wanted.is_supported() => Err(SettingsError {
+            var: ISA_ENV,
+            value,
+            accepts: format!(
+                "{accepts}, and this CPU supports at most {}",
+                Isa::best_supported().name()
+            )
+            .into(),
+        }),
+        Ok(wanted) => Ok(Some(wanted)),
+    }
+}
+
+fn path(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &'static str,
+    accepts: &'static str,
+) -> Result<Option<PathBuf>, SettingsError> {
+    match text(get, var, accepts)? {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Err(SettingsError {
+            var,
+            value: v,
+            accepts: accepts.into(),
+        }),
+        Some(v) => Ok(Some(PathBuf::from(v))),
     }
 }
 
@@ -308,7 +368,7 @@ mod tests {
         let code: BTreeSet<&str> = variables().into_iter().collect();
         assert_eq!(listed, code, "docs/settings.md against src/settings.rs");
         for var in SETTINGS_VARS {
-            let e = Settings::from_vars(vars(&[(var, "\u{1}bad")]));
+            let e = Settings::from_vars(vars(&[(var, "")]));
             assert!(e.is_err(), "{var} is not read by Settings");
         }
     }
@@ -370,12 +430,8 @@ mod tests {
             ("WEFT_CUDA_GRAPHS", "2"),
             ("WEFT_CUDA_STREAMS", "5"),
             ("WEFT_CUDA_STREAMS", "0"),
-            ("WEFT_CUDA_F64_SUM", "fast"),
-            ("WEFT_CUDA_F64_SUM", " auto"),
-            ("WEFT_CUDA_MATVEC_BLOCK_ROWS", "12"),
-            ("WEFT_CUDA_PDL", "yes"),
             ("WEFT_CUDA_PTX_CACHE", ""),
-            ("WEFT_CUDA_ROPE_POSITIONS", "0"),
+            ("WEFT_CUDA_PTX_CACHE", " "),
         ] {
             let e = check_vars(vars(&[(var, value)])).unwrap_err().to_string();
             assert!(e.contains(var), "{var}={value:?}: {e}");
@@ -385,12 +441,53 @@ mod tests {
             ("WEFT_PYTHON", "/usr/bin/python3"),
             ("WEFT_CUDA_GRAPHS", " 0 "),
             ("WEFT_CUDA_STREAMS", "4"),
-            ("WEFT_CUDA_F64_SUM", "parallel"),
-            ("WEFT_CUDA_MATVEC_BLOCK_ROWS", "32"),
-            ("WEFT_CUDA_ROPE_POSITIONS", "8192"),
+            ("WEFT_CUDA_PTX_CACHE", "/tmp/ptx"),
         ] {
             assert!(check_vars(vars(&[(var, value)])).is_ok(), "{var}={value:?}");
         }
+    }
+
+    /// A retired switch is refused whatever its value (it would have no
+    /// effect), naming the variable and saying what happens instead.
+    #[test]
+    fn retired_variables_are_errors() {
+        for (var, _) in RETIRED_VARS {
+            for value in ["0", "1", "auto"] {
+                let e = check_vars(vars(&[(var, value)])).unwrap_err().to_string();
+                assert!(e.contains(var) && e.contains("removed"), "{e}");
+            }
+            assert!(!variables().contains(var), "{var} is both read and retired");
+        }
+    }
+
+    /// Every setting reaches its field of the executor configuration; the
+    /// fields no setting names keep their defaults.
+    #[test]
+    fn settings_fill_the_executor_config() {
+        let s = Settings::from_vars(vars(&[
+            ("WEFT_THREADS", "3"),
+            ("WEFT_REORDER", "0"),
+            ("WEFT_LAYERS_PER_CB", "2"),
+            ("WEFT_GRAPH_DIAG", "1"),
+            ("WEFT_FUSE", "0"),
+            ("WEFT_NUMERICS", "fast"),
+            ("WEFT_CPU_ISA", "scalar"),
+            ("WEFT_CUDA_GRAPHS", "0"),
+            ("WEFT_CUDA_STREAMS", "2"),
+            ("WEFT_CUDA_PTX_CACHE", "/tmp/ptx"),
+        ]))
+        .unwrap();
+        let c = s.executor_config();
+        assert_eq!(c.threads, 3);
+        assert!(!c.reorder && !c.fuse && c.graph_diag);
+        assert_eq!(c.cut.layers_per_cb, Some(2));
+        assert_eq!(c.numerics, Numerics::Fast);
+        assert_eq!(c.cpu.isa, Some(Isa::Scalar));
+        assert!(!c.cuda.graphs);
+        assert_eq!(c.cuda.streams, 2);
+        assert_eq!(c.cuda.ptx_cache, Some(PathBuf::from("/tmp/ptx")));
+        let d = Settings::default().executor_config();
+        assert_eq!(d, ExecutorConfig::default());
     }
 
     #[cfg(unix)]

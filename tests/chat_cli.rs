@@ -1,7 +1,7 @@
 //! `weft run --chat` and `weft chat` on SmolLM2, through the binary.
 //!
 //! The model comes from `fetch::ensure`; without it the tests print why and
-//! pass, unless `WEFT_REQUIRE_MODEL` is set.
+//! pass, unless `WEFT_TEST_REQUIRE_MODEL` is set.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use weft::models::tokenizer::Tokenizer;
 fn smollm2() -> Option<PathBuf> {
     match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
         Ok(p) => Some(p),
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!("skipping: the SmolLM2 model is not available ({e})");
             None
         }

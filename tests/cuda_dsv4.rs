@@ -5,7 +5,7 @@
 //! step and one CUDA graph per step structure), and the distance to the CPU
 //! backend on the same model. Prefill in one chunk and in several chunks.
 //! Skipped with a message where CUDA is unavailable (CI has no GPU);
-//! `WEFT_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
+//! `WEFT_TEST_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
 
 mod dsv4_common;
 
@@ -24,8 +24,8 @@ fn cuda_or_skip() -> bool {
         None => true,
         Some(why) => {
             assert!(
-                std::env::var_os("WEFT_REQUIRE_CUDA").is_none(),
-                "WEFT_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
+                std::env::var_os("WEFT_TEST_REQUIRE_CUDA").is_none(),
+                "WEFT_TEST_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
             );
             eprintln!("skipping: CUDA is unavailable ({why})");
             false

@@ -1,7 +1,7 @@
 //! SmolLM2 on the CUDA backend: greedy output identical to llama.cpp's
 //! reference (and so to the CPU backend's), logits bit-identical to the
 //! CPU's. Skipped with a message where CUDA is unavailable (CI has no GPU);
-//! `WEFT_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
+//! `WEFT_TEST_REQUIRE_CUDA=1` turns the skip into a failure (the device script).
 
 mod common;
 
@@ -14,8 +14,8 @@ fn cuda_or_skip() -> bool {
         None => true,
         Some(why) => {
             assert!(
-                std::env::var_os("WEFT_REQUIRE_CUDA").is_none(),
-                "WEFT_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
+                std::env::var_os("WEFT_TEST_REQUIRE_CUDA").is_none(),
+                "WEFT_TEST_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
             );
             eprintln!("skipping: CUDA is unavailable ({why})");
             false

@@ -138,7 +138,7 @@ fn flash_shaped_schedule_figures() {
         );
         drop(cache);
         exec.release_pool_scratch();
-        let rows = std::env::var("WEFT_DSV4_CHUNK")
+        let rows = std::env::var("WEFT_TEST_DSV4_CHUNK")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(4096);

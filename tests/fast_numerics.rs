@@ -39,7 +39,7 @@ fn executor(numerics: Numerics) -> Option<(GraphExecutor, Model)> {
     let path =
         match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
             Ok(p) => p,
-            Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+            Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
                 eprintln!("skipping: the SmolLM2 model is not available ({e})");
                 return None;
             }

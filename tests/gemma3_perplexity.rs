@@ -15,7 +15,7 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
     let path = case["file"].as_str().expect("file");
     let Ok(text) = std::fs::read_to_string(path) else {
         assert!(
-            std::env::var_os("WEFT_REQUIRE_MODEL").is_none(),
+            std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none(),
             "the perplexity text {path} is missing"
         );
         eprintln!("skipping: {path} is not on this machine");

@@ -1,6 +1,6 @@
 //! The HTML graph page in a real headless browser (Debian's chromium): it
 //! loads without script errors and shows the expected node count. CI
-//! installs chromium and sets `WEFT_REQUIRE_BROWSER=1`; elsewhere the test
+//! installs chromium and sets `WEFT_TEST_REQUIRE_BROWSER=1`; elsewhere the test
 //! is skipped with a message when no browser is found.
 
 use std::process::Command;
@@ -24,8 +24,8 @@ fn browser() -> Option<String> {
 fn graph_page_loads_in_chromium_and_counts_nodes() {
     let Some(chrome) = browser() else {
         assert!(
-            std::env::var_os("WEFT_REQUIRE_BROWSER").is_none(),
-            "WEFT_REQUIRE_BROWSER is set but no chromium was found"
+            std::env::var_os("WEFT_TEST_REQUIRE_BROWSER").is_none(),
+            "WEFT_TEST_REQUIRE_BROWSER is set but no chromium was found"
         );
         eprintln!("skipping: no chromium on this machine");
         return;

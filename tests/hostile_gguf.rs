@@ -667,7 +667,7 @@ fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
                 &mut tally,
             );
         }
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!("SmolLM2 cases skipped: the model is not available ({e})");
         }
         Err(e) => panic!("the SmolLM2 model is required: {e}"),
@@ -683,7 +683,7 @@ fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
                 &mut tally,
             );
         }
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!("Gemma 3 cases skipped: the model is not available ({e})");
         }
         Err(e) => panic!("the Gemma 3 model is required: {e}"),

@@ -18,7 +18,7 @@ fn perplexity_is_within_half_a_percent_of_llama_cpp() {
     assert_eq!(case["file"].as_str(), Some("GPL-3"));
     let Ok(text) = std::fs::read_to_string(TEXT) else {
         assert!(
-            std::env::var_os("WEFT_REQUIRE_MODEL").is_none(),
+            std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none(),
             "the perplexity text {TEXT} is missing"
         );
         eprintln!("skipping: {TEXT} is not on this machine");

@@ -495,6 +495,13 @@ fn chunks() {
 }
 
 fn main() {
+    // The kernels read no environment: the bench applies `WEFT_CPU_ISA`.
+    let cap =
+        quant::Isa::from_env_value(std::env::var_os(quant::ISA_ENV)).and_then(quant::Isa::select);
+    if let Err(e) = cap {
+        eprintln!("{e}");
+        std::process::exit(2);
+    }
     if std::env::var("QUANT_BENCH_CHUNKS").is_ok_and(|v| v == "1") {
         chunks();
         return;

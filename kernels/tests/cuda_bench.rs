@@ -414,7 +414,7 @@ fn kernel_timings_at_smollm2_shapes() {
         let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
         (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
     }));
-    if let Ok(filter) = std::env::var("WEFT_BENCH_FILTER") {
+    if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
         cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
     }
     let Some(g) = g else {
@@ -433,19 +433,6 @@ fn kernel_timings_at_smollm2_shapes() {
             "{:<52} {:>10.2} {:>10.2} {:>8.0}",
             case.name, graph, eager, gbs
         );
-        if case.name.contains("rms_norm") {
-            // The same with the f64 sum done by one lane, in order.
-            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "sequential");
-            let (graph, eager) = time_case(g, case);
-            let name = "  same, sequential f64 sum";
-            println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
-            // And with the exact parallel scheme.
-            std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, "parallel");
-            let (graph, eager) = time_case(g, case);
-            std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
-            let name = "  same, exact parallel f64 sum";
-            println!("{:<52} {:>10.2} {:>10.2}", name, graph, eager);
-        }
     }
     // What a persistent decode kernel would pay per level instead of a
     // kernel boundary: a grid-wide wait of one block per SM (and fewer).

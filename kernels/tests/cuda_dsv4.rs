@@ -1,6 +1,6 @@
 //! The DeepSeek-V4 ops on CUDA against the CPU kernels, on fresh random
 //! inputs: one module per kernel family (`cuda_dsv4/*.rs`). Skipped without
-//! a GPU (failures with `WEFT_REQUIRE_CUDA=1`); `WEFT_CUDA_DRY_RUN=1` runs
+//! a GPU (failures with `WEFT_TEST_REQUIRE_CUDA=1`); `WEFT_TEST_CUDA_DRY_RUN=1` runs
 //! the CPU side only, to check the harness.
 
 #![cfg(feature = "cuda")]

@@ -32,8 +32,9 @@ fn fast() -> Option<&'static Gpu> {
     FAST.get_or_init(|| {
         let g = gpu()?;
         let ctx: Arc<CudaContext> = g.ctx.clone();
-        let kernels =
-            CudaKernels::with_numerics(ctx.clone(), Numerics::Fast).expect("fast kernels load");
+        let ptx_cache = std::env::var_os("WEFT_CUDA_PTX_CACHE").map(std::path::PathBuf::from);
+        let kernels = CudaKernels::with_numerics(ctx.clone(), ptx_cache.as_deref(), Numerics::Fast)
+            .expect("fast kernels load");
         assert_eq!(kernels.numerics(), Numerics::Fast);
         Some(Gpu { ctx, kernels })
     })

@@ -7,7 +7,7 @@
 //! as well; the stated exceptions (soft-capped attention, rope positions
 //! past the angle table) are checked against a tolerance.
 //!
-//! Without a GPU every test prints why and passes; `WEFT_REQUIRE_CUDA=1`
+//! Without a GPU every test prints why and passes; `WEFT_TEST_REQUIRE_CUDA=1`
 //! makes that a failure (the device script sets it).
 
 #![cfg(feature = "cuda")]
@@ -262,40 +262,20 @@ fn norms_bit_exact() {
         })
         .collect();
     shapes.push((1, 576, ties));
-    // Every way of reproducing the f64 sums (see F64_SUM_ENV) must agree.
-    for method in ["parallel", "sequential", "bounded"] {
-        std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, method);
-        for (rows, cols, values) in &shapes {
-            let mut mem = HostMemory::default();
-            let (rows, cols) = (*rows, *cols);
-            let x = mem.f32_tensor(&[rows, cols], values).unwrap();
-            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
-            let b = mem.f32_tensor(&[cols], &rng.vec(cols, 0.5)).unwrap();
-            let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
-            let n = node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]);
-            check_exact(
-                g,
-                &format!("rms_norm {rows}x{cols} ({method})"),
-                &n,
-                &mut mem,
-            );
-            let n = node(Op::LayerNorm { eps: 1e-6 }, vec![x, w, b], vec![o]);
-            check_exact(
-                g,
-                &format!("layer_norm {rows}x{cols} ({method})"),
-                &n,
-                &mut mem,
-            );
-            let n = node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]);
-            check_exact(
-                g,
-                &format!("softmax {rows}x{cols} ({method})"),
-                &n,
-                &mut mem,
-            );
-        }
+    for (rows, cols, values) in &shapes {
+        let mut mem = HostMemory::default();
+        let (rows, cols) = (*rows, *cols);
+        let x = mem.f32_tensor(&[rows, cols], values).unwrap();
+        let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.5)).unwrap();
+        let b = mem.f32_tensor(&[cols], &rng.vec(cols, 0.5)).unwrap();
+        let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
+        let n = node(Op::RmsNorm { eps: 1e-5 }, vec![x, w], vec![o]);
+        check_exact(g, &format!("rms_norm {rows}x{cols}"), &n, &mut mem);
+        let n = node(Op::LayerNorm { eps: 1e-6 }, vec![x, w, b], vec![o]);
+        check_exact(g, &format!("layer_norm {rows}x{cols}"), &n, &mut mem);
+        let n = node(Op::Softmax { scale: 0.37 }, vec![x], vec![o]);
+        check_exact(g, &format!("softmax {rows}x{cols}"), &n, &mut mem);
     }
-    std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
 }
 
 /// The bounded method (the default) on rows built to defeat it: the f32
@@ -643,47 +623,6 @@ fn attention_bit_exact_in_all_three_variants() {
         }
     }
     assert!(failures.is_empty(), "attention mismatches: {failures:?}");
-}
-
-/// The tiled attention with f16 tiles loaded and widened in place (the
-/// path for devices whose shared memory per block cannot hold the staging
-/// buffer): the same bits as the CPU. Runs in its own process (the
-/// environment variable is process-wide).
-#[test]
-fn attention_tiled_direct_tiles_bit_exact() {
-    let Some(g) = gpu_or_dry() else { return };
-    std::env::set_var(weft_kernels::cuda::ATTN_STAGING_ENV, "direct");
-    let mut rng = Rng::new(13);
-    // (heads, kv_heads, d, n, q_position, window)
-    for (heads, kvh, d, n, qp, window) in [
-        (9, 3, 64, 130, 0, None),
-        (6, 2, 64, 100, 40, Some(50)),
-        (8, 2, 128, 66, 10, None),
-        (4, 1, 256, 80, 0, Some(512)),
-        (4, 2, 96, 70, 5, None),
-    ] {
-        let mut mem = HostMemory::default();
-        let nd = attention_case(
-            &mut rng,
-            &mut mem,
-            DType::F16,
-            heads,
-            kvh,
-            d,
-            n,
-            qp,
-            qp as usize + n,
-            window,
-            None,
-            0.0,
-        );
-        poison_outputs(&nd, &mut mem);
-        let want = run_cpu(&nd, &mem);
-        let got = run_gpu(g, &nd, &mem);
-        let what = format!("direct tiles h{heads}/{kvh} d{d} n={n} pos={qp} window={window:?}");
-        assert_same(&what, DType::F32, &got[0], &want[0]);
-    }
-    std::env::remove_var(weft_kernels::cuda::ATTN_STAGING_ENV);
 }
 
 /// A decode matvec fused with its rows' consumer (rope, a cache write, or

@@ -6,7 +6,7 @@
 //!
 //! Runs on macOS with `--features metal` (see `scripts/test-metal.sh`);
 //! elsewhere one test says it was skipped. Without a Metal device the tests
-//! skip with a message, unless `WEFT_REQUIRE_METAL=1`.
+//! skip with a message, unless `WEFT_TEST_REQUIRE_METAL=1`.
 
 #[cfg(not(all(feature = "metal", target_os = "macos")))]
 #[test]
@@ -59,9 +59,9 @@ mod metal {
                 kernels.prepare().expect("weft's Metal shaders compile");
                 Some((device, kernels))
             }
-            Err(e) if std::env::var_os("WEFT_REQUIRE_METAL").is_none() => {
+            Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_METAL").is_none() => {
                 eprintln!(
-                    "skipping: no Metal device ({e}); set WEFT_REQUIRE_METAL=1 to fail instead"
+                    "skipping: no Metal device ({e}); set WEFT_TEST_REQUIRE_METAL=1 to fail instead"
                 );
                 None
             }

@@ -7,7 +7,7 @@
 //! `scripts/chat_template_fixtures.py`). Every render must match exactly.
 //! The end-of-turn tests read the real vocabularies from `fetch::ensure`
 //! and pass with a message when a model cannot be obtained, unless
-//! `WEFT_REQUIRE_MODEL=1`.
+//! `WEFT_TEST_REQUIRE_MODEL=1`.
 
 use serde_json::Value;
 use weft_models::chat::{encode_rendered, ChatTemplate, ChatTemplateError, Message, TemplateFault};
@@ -169,9 +169,9 @@ fn python_string_methods_and_loop_controls() {
 fn tokenizer(spec: &ModelSpec) -> Option<(GgufFile, Tokenizer)> {
     let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
         Ok(p) => p,
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
+        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
             panic!(
-                "WEFT_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
+                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
                 spec.name
             )
         }

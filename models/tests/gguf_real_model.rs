@@ -3,7 +3,7 @@
 //! The model is located (and fetched on first use) through
 //! `fetch::ensure(&SMOLLM2_135M_Q4_1)`, so it lands in `$WEFT_CACHE` or the
 //! user's cache. When it cannot be obtained the test prints why and passes,
-//! unless `WEFT_REQUIRE_MODEL=1` (CI sets it), which turns that into a failure.
+//! unless `WEFT_TEST_REQUIRE_MODEL=1` (CI sets it), which turns that into a failure.
 //! Expected values were cross-checked with the `gguf` Python package.
 
 use std::time::Instant;
@@ -16,8 +16,8 @@ use weft_ops::DType;
 fn model() -> Option<std::path::PathBuf> {
     match ensure(&SMOLLM2_135M_Q4_1, &mut |msg| eprintln!("[fetch] {msg}")) {
         Ok(path) => Some(path),
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!("WEFT_REQUIRE_MODEL=1 but the model could not be obtained: {e}")
+        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
+            panic!("WEFT_TEST_REQUIRE_MODEL=1 but the model could not be obtained: {e}")
         }
         Err(e) => {
             eprintln!("skipping: SmolLM2 model not available ({e})");

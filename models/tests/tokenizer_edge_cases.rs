@@ -4,7 +4,7 @@
 //! across tokens.
 //!
 //! Models come from `fetch::ensure`; without them the tests print why and
-//! pass, unless `WEFT_REQUIRE_MODEL=1`.
+//! pass, unless `WEFT_TEST_REQUIRE_MODEL=1`.
 
 use std::sync::OnceLock;
 
@@ -15,9 +15,9 @@ use weft_models::tokenizer::{EncodeOptions, TokenId, Tokenizer};
 fn load(spec: &ModelSpec) -> Option<Tokenizer> {
     let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
         Ok(path) => path,
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
+        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
             panic!(
-                "WEFT_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
+                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
                 spec.name
             )
         }

@@ -1,7 +1,7 @@
 //! The tokenizers of the real models against llama.cpp.
 //!
 //! - `tests/reference/{smollm2,gemma3}.json` (in the workspace root;
-//!   `WEFT_REFERENCE_DIR` overrides the folder): llama.cpp's prompt ids and
+//!   `WEFT_TEST_REFERENCE_DIR` overrides the folder): llama.cpp's prompt ids and
 //!   greedy continuations for the reference prompts;
 //! - `tests/data/tokenizer_cases_{smollm2,gemma3}.json`: a few hundred varied
 //!   strings tokenized by llama.cpp itself, random id sequences rendered by
@@ -10,7 +10,7 @@
 //!
 //! The models come from `fetch::ensure` (`$WEFT_CACHE` or the user's cache,
 //! fetched on first use). When one cannot be obtained the test prints why and
-//! passes, unless `WEFT_REQUIRE_MODEL=1` (CI sets it).
+//! passes, unless `WEFT_TEST_REQUIRE_MODEL=1` (CI sets it).
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -21,12 +21,12 @@ use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, ModelKind, TokenId, Tokenizer, Vocab};
 
-/// The reference outputs: `$WEFT_REFERENCE_DIR`, else the repository's
+/// The reference outputs: `$WEFT_TEST_REFERENCE_DIR`, else the repository's
 /// `tests/reference` (beside this crate, in the workspace root).
 fn reference_dir() -> String {
-    match std::env::var_os("WEFT_REFERENCE_DIR") {
+    match std::env::var_os("WEFT_TEST_REFERENCE_DIR") {
         Some(dir) if dir.is_empty() => {
-            panic!("WEFT_REFERENCE_DIR is set but empty; unset it to use tests/reference")
+            panic!("WEFT_TEST_REFERENCE_DIR is set but empty; unset it to use tests/reference")
         }
         Some(dir) => dir.to_string_lossy().into_owned(),
         None => concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/reference").into(),
@@ -43,9 +43,9 @@ struct Loaded {
 fn load(spec: &ModelSpec) -> Option<Loaded> {
     let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
         Ok(path) => path,
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
+        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
             panic!(
-                "WEFT_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
+                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
                 spec.name
             )
         }

@@ -22,9 +22,9 @@ fn median(mut times: Vec<Duration>) -> Duration {
 fn measure(spec: &ModelSpec) {
     let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
         Ok(path) => path,
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
+        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
             panic!(
-                "WEFT_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
+                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
                 spec.name
             )
         }

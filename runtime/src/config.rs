@@ -1,6 +1,11 @@
-//! Executor settings.
+//! Executor settings: one typed configuration per executor, built by the
+//! caller (the `weft` crate parses it from defaults, the environment and
+//! flags) and handed down to the backend it creates. Nothing below reads
+//! the process environment.
 
+use std::path::PathBuf;
 use weft_graph::cut::CutPolicy;
+use weft_kernels::cpu::quant::Isa;
 use weft_kernels::Numerics;
 
 /// A deliberate failure, for fault-injection tests: the first node whose
@@ -32,6 +37,48 @@ pub struct ExecutorConfig {
     /// Whether kernels keep their fixed float order (`exact`) or may
     /// reorder work for speed (`fast`): `--numerics`, `WEFT_NUMERICS`.
     pub numerics: Numerics,
+    /// CPU backend settings.
+    pub cpu: CpuConfig,
+    /// CUDA backend settings (read only by a CUDA executor).
+    pub cuda: CudaConfig,
+}
+
+/// Settings of the CPU kernels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Caps the instruction set of the quantized kernels (`WEFT_CPU_ISA`;
+    /// `None`: the best this CPU has). Process-wide: the first executor
+    /// that sets it fixes it, before any kernel runs.
+    pub isa: Option<Isa>,
+}
+
+/// Settings of the CUDA backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Capture command buffers as CUDA graphs and replay them
+    /// (`WEFT_CUDA_GRAPHS`; off: every kernel launched eagerly).
+    pub graphs: bool,
+    /// Streams a level's independent nodes are spread over, 1 to
+    /// [`CudaConfig::MAX_STREAMS`] (`WEFT_CUDA_STREAMS`).
+    pub streams: usize,
+    /// A folder keeping NVRTC's compiled kernels between processes
+    /// (`WEFT_CUDA_PTX_CACHE`; `None`: compile in every process).
+    pub ptx_cache: Option<PathBuf>,
+}
+
+impl CudaConfig {
+    /// The most streams a level is spread over.
+    pub const MAX_STREAMS: usize = 4;
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        Self {
+            graphs: true,
+            streams: Self::MAX_STREAMS,
+            ptx_cache: None,
+        }
+    }
 }
 
 impl Default for ExecutorConfig {
@@ -45,6 +92,8 @@ impl Default for ExecutorConfig {
             graph_diag: false,
             fuse: true,
             numerics: Numerics::Exact,
+            cpu: CpuConfig::default(),
+            cuda: CudaConfig::default(),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! The executor: owns a device's buffers, its pools and (on the CPU) its
 //! thread pool, and opens recording sessions.
 
+use crate::backend::Backend;
 use crate::config::ExecutorConfig;
 use crate::counters::{Counters, LiveCounters};
+use crate::cpu::threadpool::{Job, ThreadPool};
 use crate::memory::{HostBytes, Storage};
 use crate::pool::{PoolScope, PoolStats, Pools};
 use crate::session::{GraphSession, SessionMode};
 use crate::submission::InFlight;
-use crate::threadpool::{Job, ThreadPool};
 use crate::trace::{Trace, TraceState};
 use crate::RuntimeError;
 use std::sync::Arc;
@@ -40,25 +41,6 @@ impl std::fmt::Display for Device {
     }
 }
 
-impl Device {
-    /// Why this device cannot be used here, if it cannot (`None`: usable).
-    pub fn unavailable_reason(self) -> Option<String> {
-        match self {
-            Device::Cpu => None,
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => crate::cuda::unavailable_reason(),
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => Some("weft was built without the `cuda` feature".into()),
-            #[cfg(all(feature = "metal", target_os = "macos"))]
-            Device::Metal => crate::metal::unavailable_reason(),
-            #[cfg(all(feature = "metal", not(target_os = "macos")))]
-            Device::Metal => Some("Metal runs only on macOS".into()),
-            #[cfg(not(feature = "metal"))]
-            Device::Metal => Some("weft was built without the `metal` feature".into()),
-        }
-    }
-}
-
 pub(crate) struct BufferEntry {
     pub storage: Arc<Storage>,
     pub name: String,
@@ -73,6 +55,8 @@ pub(crate) struct BufferEntry {
 pub struct GraphExecutor {
     device: Device,
     pub(crate) config: ExecutorConfig,
+    /// The device's side of every commit (`backend.rs`).
+    pub(crate) backend: Arc<dyn Backend>,
     pub(crate) buffers: Vec<Option<BufferEntry>>,
     pub(crate) pool: ThreadPool,
     pub(crate) counters: Arc<LiveCounters>,
@@ -83,15 +67,9 @@ pub struct GraphExecutor {
     pub(crate) fault_seen: usize,
     /// Nodes of the last recording (a new session reserves as many).
     pub(crate) last_recording_len: usize,
-    /// The CUDA device, when the executor runs on one.
-    #[cfg(feature = "cuda")]
-    pub(crate) cuda: Option<Arc<crate::cuda::CudaBackend>>,
     /// Plans of recent recordings (most recent first), reused while steps
     /// repeat one.
     pub(crate) step_plans: Vec<crate::plan::StepPlan>,
-    /// The Metal device, when the executor runs on one.
-    #[cfg(all(feature = "metal", target_os = "macos"))]
-    pub(crate) metal: Option<Arc<crate::metal::MetalBackend>>,
     /// Tensors copied out by `GraphSession::tap` while taps are on.
     pub(crate) taps: Option<Vec<(String, Tensor)>>,
     /// Collected events while tracing.
@@ -117,21 +95,16 @@ impl GraphExecutor {
         if let Some(why) = device.unavailable_reason() {
             return Err(RuntimeError::Usage(format!("cannot use {device}: {why}")));
         }
-        #[cfg(feature = "cuda")]
-        let cuda = match device {
-            Device::Cuda(i) => Some(Arc::new(crate::cuda::CudaBackend::new(i, config.numerics)?)),
-            Device::Cpu | Device::Metal => None,
-        };
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        let metal = match device {
-            Device::Metal => Some(Arc::new(crate::metal::MetalBackend::new()?)),
-            _ => None,
-        };
+        if let Some(isa) = config.cpu.isa {
+            isa.select()?;
+        }
+        let backend = crate::backend::for_device(device, &config)?;
         let counters = Arc::new(LiveCounters::default());
         let pool = ThreadPool::new(config.threads, Arc::clone(&counters))?;
         Ok(GraphExecutor {
             device,
             config,
+            backend,
             buffers: Vec::new(),
             pool,
             counters,
@@ -140,11 +113,7 @@ impl GraphExecutor {
             epoch: Instant::now(),
             fault_seen: 0,
             last_recording_len: 0,
-            #[cfg(feature = "cuda")]
-            cuda,
             step_plans: Vec::new(),
-            #[cfg(all(feature = "metal", target_os = "macos"))]
-            metal,
             taps: None,
             trace: None,
             named: std::collections::HashMap::new(),
@@ -175,17 +144,7 @@ impl GraphExecutor {
             bytes,
             name: name.into(),
         })?;
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            let storage = Storage::device(cuda.alloc(len)?);
-            return Ok(self.insert(storage, name));
-        }
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if let Some(metal) = &self.metal {
-            let storage = Storage::metal_storage(metal.alloc(len, name)?);
-            return Ok(self.insert(storage, name));
-        }
-        let storage = Storage::owned(len, name)?;
+        let storage = self.backend.alloc_storage(len, name)?;
         Ok(self.insert(storage, name))
     }
 
@@ -234,19 +193,8 @@ impl GraphExecutor {
         bytes: Arc<dyn HostBytes>,
         name: &str,
     ) -> Result<BufferId, RuntimeError> {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            let host = bytes.host_bytes();
-            let buffer = cuda.alloc(host.len())?;
-            cuda.upload(buffer.ptr, host)?;
-            return Ok(self.insert(Storage::device(buffer), name));
-        }
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if let Some(metal) = &self.metal {
-            let storage = metal.upload(bytes.host_bytes(), name)?;
-            return Ok(self.insert(Storage::metal_storage(storage), name));
-        }
-        Ok(self.insert(Storage::borrowed(bytes), name))
+        let storage = self.backend.wrap_bytes(bytes, name)?;
+        Ok(self.insert(storage, name))
     }
 
     fn insert(&mut self, storage: Storage, name: &str) -> BufferId {
@@ -313,14 +261,7 @@ impl GraphExecutor {
         for job in self.last_jobs.drain(..) {
             job.wait_done();
         }
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            let _ = cuda.synchronize();
-        }
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if let Some(metal) = &self.metal {
-            metal.synchronize();
-        }
+        let _ = self.backend.wait_all();
     }
 
     /// Copies a tensor's bytes to the host, after in-flight work completes.
@@ -340,8 +281,7 @@ impl GraphExecutor {
     pub fn read_after(&mut self, work: InFlight, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         work.wait()?;
         let start = std::time::Instant::now();
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if self.metal.is_some() {
+        if !self.backend.reads_beside_work() {
             return self.read_bytes(t);
         }
         let bytes = self.read_unsynchronized(t);
@@ -352,10 +292,7 @@ impl GraphExecutor {
     fn read_bytes_now(&mut self, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
         self.synchronize();
         // A failed device (a kernel fault) must fail the read, not be read past.
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            cuda.synchronize()?;
-        }
+        self.backend.wait_all()?;
         self.read_unsynchronized(t)
     }
 
@@ -368,9 +305,11 @@ impl GraphExecutor {
                 "tensor {t:?} lies outside its buffer"
             )));
         }
-        #[cfg(feature = "cuda")]
-        if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
-            return cuda.download_now(ptr + range.start as u64, range.len());
+        if let Some(bytes) = self
+            .backend
+            .read_device(&e.storage, range.start, range.len())
+        {
+            return bytes;
         }
         match e.storage.bytes() {
             Some(bytes) => Ok(bytes[range].to_vec()),
@@ -412,9 +351,8 @@ impl GraphExecutor {
                 data.len()
             )));
         }
-        #[cfg(feature = "cuda")]
-        if let (Some(cuda), Some(ptr)) = (&self.cuda, e.storage.device_ptr()) {
-            return cuda.upload(ptr + t.offset, data);
+        if let Some(written) = self.backend.write_device(&e.storage, t.offset, data) {
+            return written;
         }
         let base = e.storage.host_ptr().ok_or_else(|| {
             RuntimeError::Usage(format!("buffer `{}` is not host memory", e.name))
@@ -424,11 +362,7 @@ impl GraphExecutor {
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(t.offset as usize), data.len())
         };
-        // Metal: an f32 image of activations in these bytes is stale now.
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if let Some(m) = e.storage.metal() {
-            m.invalidate(t.offset, t.offset + t.bytes());
-        }
+        e.storage.host_written(t.offset, t.offset + t.bytes());
         Ok(())
     }
 
@@ -442,36 +376,21 @@ impl GraphExecutor {
     /// CUDA graph figures so far: `(captures, replays, eager launches)`;
     /// `None` on other devices.
     pub fn graph_stats(&self) -> Option<(u64, u64, u64)> {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            return Some(cuda.graph_counts());
-        }
-        None
+        self.backend.graph_stats()
     }
 
     /// Time the GPU spent on the command buffers waited for so far (from
     /// an event before and after each launch), `None` on the CPU: set
     /// against wall time, it splits a step into device and host time.
     pub fn device_busy(&self) -> Option<std::time::Duration> {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            let ns = cuda.busy_ns.load(std::sync::atomic::Ordering::Relaxed);
-            return Some(std::time::Duration::from_nanos(ns));
-        }
-        None
+        self.backend.device_busy()
     }
 
     /// The device's name (the GPU's marketing name on CUDA).
     pub fn device_name(&self) -> String {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &self.cuda {
-            return cuda.name();
-        }
-        #[cfg(all(feature = "metal", target_os = "macos"))]
-        if let Some(metal) = &self.metal {
-            return metal.name();
-        }
-        self.device.to_string()
+        self.backend
+            .device_name()
+            .unwrap_or_else(|| self.device.to_string())
     }
 
     /// Pool figures.
@@ -535,18 +454,7 @@ impl GraphExecutor {
                 let host =
                     std::mem::take(&mut *state.host.lock().unwrap_or_else(|p| p.into_inner()));
                 let jobs = std::mem::take(&mut state.jobs);
-                #[allow(unused_mut)]
-                let mut device = Vec::new();
-                #[cfg(feature = "cuda")]
-                if let Some(cuda) = &self.cuda {
-                    let works = std::mem::take(&mut state.cuda);
-                    if let (false, Ok((_, origin))) = (works.is_empty(), cuda.clock_origin()) {
-                        let zero = origin.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
-                        for (cb, work) in works {
-                            device.extend(work.node_spans(cb, zero));
-                        }
-                    }
-                }
+                let device = self.backend.device_spans(state, self.epoch);
                 Trace::build(host, &jobs, threads, device)
             }
             None => Trace::default(),

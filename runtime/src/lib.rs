@@ -10,9 +10,12 @@
 //!
 //! Invariant: the runtime knows nothing about model architectures.
 
+mod backend;
 pub mod cache;
+mod commit;
 mod config;
 mod counters;
+mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod error;
@@ -26,11 +29,10 @@ mod pool;
 mod profile;
 mod session;
 mod submission;
-mod threadpool;
 mod trace;
 mod widen;
 
-pub use config::{ExecutorConfig, Fault};
+pub use config::{CpuConfig, CudaConfig, ExecutorConfig, Fault};
 pub use counters::Counters;
 pub use error::RuntimeError;
 pub use executor::{Device, GraphExecutor, Tapped};

@@ -139,6 +139,16 @@ impl Storage {
         }
     }
 
+    /// Notes a host write of bytes `start..end` (Metal: an f32 image of
+    /// activations in them is stale now).
+    pub(crate) fn host_written(&self, start: u64, end: u64) {
+        #[cfg(all(feature = "metal", target_os = "macos"))]
+        if let Backing::Metal(m) = &self.backing {
+            m.invalidate(start, end);
+        }
+        let _ = (start, end);
+    }
+
     /// The host bytes (`None` for device memory). Callers make sure no work
     /// writing them is in flight.
     pub(crate) fn bytes(&self) -> Option<&[u8]> {

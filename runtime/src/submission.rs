@@ -5,7 +5,8 @@
 //! reports the first failure (by the label of the node that failed).
 
 use crate::counters::LiveCounters;
-use crate::threadpool::Job;
+use crate::cpu::threadpool::Job;
+use crate::session::NodeTiming;
 use crate::trace::{host_slice, HostSink};
 use crate::RuntimeError;
 use std::sync::Arc;
@@ -27,6 +28,37 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// Host jobs in flight (no device work yet: a device backend adds its
+    /// own).
+    pub(crate) fn new(
+        jobs: Vec<Arc<Job>>,
+        counters: Arc<LiveCounters>,
+        trace: Option<(HostSink, Instant)>,
+    ) -> InFlight {
+        InFlight {
+            jobs,
+            #[cfg(feature = "cuda")]
+            cuda: Vec::new(),
+            #[cfg(all(feature = "metal", target_os = "macos"))]
+            metal: Vec::new(),
+            counters,
+            trace,
+        }
+    }
+
+    /// Waits, and returns each node's measured time (a timed submission).
+    pub(crate) fn wait_timed(self) -> Result<Vec<NodeTiming>, RuntimeError> {
+        let jobs = self.jobs.clone();
+        #[cfg(feature = "cuda")]
+        let works = self.cuda.clone();
+        self.wait()?;
+        #[allow(unused_mut)]
+        let mut timings = crate::cpu::collect_timings(&jobs);
+        #[cfg(feature = "cuda")]
+        timings.extend(crate::cuda::node_timings(&works));
+        Ok(timings)
+    }
+
     /// Waits for every command buffer of the commit; the first failure wins.
     pub fn wait(self) -> Result<(), RuntimeError> {
         LiveCounters::add(&self.counters.waits, 1);

@@ -9,7 +9,7 @@
 //! token's time go". On a GPU the worker tracks are the device's streams:
 //! every node's device time, read from events around it in the graph.
 
-use crate::threadpool::Job;
+use crate::cpu::threadpool::Job;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

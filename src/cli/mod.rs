@@ -21,7 +21,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use weft::models::Model;
 use weft::runtime::cache::ChunkPolicy;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, GraphExecutor};
 use weft::settings::Settings;
 
 /// weft: an inference runtime built on recorded op graphs.
@@ -139,21 +139,14 @@ impl ModelArgs {
     /// An executor configured by these options.
     pub fn executor(&self) -> Result<GraphExecutor> {
         let s = self.settings()?;
-        let mut config = ExecutorConfig::default();
-        if let Some(t) = s.threads {
-            config.threads = t;
-        }
-        config.reorder = s.reorder.unwrap_or(true);
-        if let Some(k) = s.layers_per_cb {
-            config.cut.layers_per_cb = Some(k);
-        }
-        config.graph_diag = s.graph_diag.unwrap_or(false);
-        config.fuse = s.fuse.unwrap_or(true);
         let device = self.device()?;
-        config.numerics = s.numerics.unwrap_or(match device {
-            Device::Cuda(_) => weft::runtime::Numerics::Fast,
-            Device::Cpu | Device::Metal => weft::runtime::Numerics::Exact,
-        });
+        let mut config = s.executor_config();
+        if s.numerics.is_none() {
+            config.numerics = match device {
+                Device::Cuda(_) => weft::runtime::Numerics::Fast,
+                Device::Cpu | Device::Metal => weft::runtime::Numerics::Exact,
+            };
+        }
         Ok(GraphExecutor::with_config(device, config)?)
     }
 

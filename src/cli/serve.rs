@@ -134,5 +134,7 @@ fn fault_executor(args: &ModelArgs, fault: Fault) -> Result<GraphExecutor> {
     if let Some(t) = s.threads {
         config.threads = t.max(1);
     }
+    config.cpu = s.executor_config().cpu;
+    config.cuda = s.executor_config().cuda;
     Ok(GraphExecutor::with_config(args.device()?, config)?)
 }

@@ -41,15 +41,15 @@ pub struct Setup {
 }
 
 /// The default model on a CPU executor, or `None` (with a message) when it
-/// cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
+/// cannot be fetched and `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_smollm2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
     let path = match weft::models::fetch::ensure(
         &weft::models::fetch::SMOLLM2_135M_Q4_1,
         &mut |_| {},
     ) {
         Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
+            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
             return None;
         }
         Err(e) => panic!("the SmolLM2 model is required: {e}"),
@@ -66,15 +66,15 @@ pub fn load_smollm2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup>
 }
 
 /// Gemma 3 270M Q4_K_M on a CPU executor, or `None` (with a message) when
-/// it cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
+/// it cannot be fetched and `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
     let path = match weft::models::fetch::ensure(
         &weft::models::fetch::GEMMA3_270M_Q4_K_M,
         &mut |_| {},
     ) {
         Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the Gemma 3 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
+            eprintln!("skipping: the Gemma 3 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
             return None;
         }
         Err(e) => panic!("the Gemma 3 model is required: {e}"),
@@ -91,7 +91,7 @@ pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> 
 }
 
 /// Qwen2.5-Coder-0.5B-Instruct Q4_K_M on a CPU executor, or `None` (with a
-/// message) when it cannot be fetched and `WEFT_REQUIRE_MODEL` is not set.
+/// message) when it cannot be fetched and `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_qwen2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
     load_known(
         &weft::models::fetch::QWEN25_CODER_05B_Q4_K_M,
@@ -102,7 +102,7 @@ pub fn load_qwen2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
 
 /// Known model `spec` on a CPU executor that checks its schedules, or
 /// `None` (with a message) when it cannot be fetched and
-/// `WEFT_REQUIRE_MODEL` is not set.
+/// `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_known(
     spec: &weft::models::fetch::ModelSpec,
     threads: usize,
@@ -110,9 +110,9 @@ pub fn load_known(
 ) -> Option<Setup> {
     let path = match weft::models::fetch::ensure(spec, &mut |_| {}) {
         Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!(
-                "skipping: the model {} is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead",
+                "skipping: the model {} is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead",
                 spec.name
             );
             return None;

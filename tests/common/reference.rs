@@ -1,14 +1,14 @@
 //! Where the end-to-end tests find their reference files: the folder named
-//! by `$WEFT_REFERENCE_DIR`, else the repository's own `tests/reference`.
+//! by `$WEFT_TEST_REFERENCE_DIR`, else the repository's own `tests/reference`.
 //! Nothing outside the repository is searched, and a missing file fails the
 //! test with its path.
 
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming another folder of reference files.
-pub const REFERENCE_ENV: &str = "WEFT_REFERENCE_DIR";
+pub const REFERENCE_ENV: &str = "WEFT_TEST_REFERENCE_DIR";
 
-/// `$WEFT_REFERENCE_DIR`, else `tests/reference` of this repository.
+/// `$WEFT_TEST_REFERENCE_DIR`, else `tests/reference` of this repository.
 pub fn reference_dir() -> PathBuf {
     match std::env::var_os(REFERENCE_ENV) {
         Some(dir) if dir.is_empty() => {

@@ -29,7 +29,7 @@ pub const CASES: [(&str, &str); 4] = [
     ("flash-tiny", "_p375"),
 ];
 
-/// `dsv4_tiny` of the reference folder (`$WEFT_REFERENCE_DIR`, else the
+/// `dsv4_tiny` of the reference folder (`$WEFT_TEST_REFERENCE_DIR`, else the
 /// repository's `tests/reference`).
 pub fn fixture_root() -> PathBuf {
     reference::reference_dir().join("dsv4_tiny")

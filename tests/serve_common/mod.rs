@@ -26,8 +26,8 @@ impl Drop for Server {
 pub fn model_path() -> Option<String> {
     match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
         Ok(p) => Some(p.to_string_lossy().into_owned()),
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_REQUIRE_MODEL=1 to fail instead");
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
+            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
             None
         }
         Err(e) => panic!("the SmolLM2 model is required: {e}"),
@@ -328,7 +328,7 @@ pub fn metric(text: &str, name: &str) -> f64 {
 }
 
 /// Runs `scripts/serve_openai_check.py` when python3 can import `openai`
-/// (`WEFT_REQUIRE_OPENAI=1`: required).
+/// (`WEFT_TEST_REQUIRE_OPENAI=1`: required).
 pub fn openai_check(server: &Server, id: &str) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/serve_openai_check.py");
     let has = Command::new("python3")
@@ -337,8 +337,8 @@ pub fn openai_check(server: &Server, id: &str) {
         .is_ok_and(|s| s.success());
     if !has {
         assert!(
-            std::env::var_os("WEFT_REQUIRE_OPENAI").is_none(),
-            "WEFT_REQUIRE_OPENAI is set but python3 cannot import openai"
+            std::env::var_os("WEFT_TEST_REQUIRE_OPENAI").is_none(),
+            "WEFT_TEST_REQUIRE_OPENAI is set but python3 cannot import openai"
         );
         eprintln!(
             "skipping the openai client check: python3 cannot import openai (pip install openai)"

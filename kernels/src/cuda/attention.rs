@@ -5,8 +5,7 @@
 //! step scalars, so a captured decode graph stays valid as the cache grows).
 
 use super::launch::{
-    attn_staging_allowed, bad_call, check_aligned, check_arity, launch as enqueue,
-    natural_alignment, unsupported, Arg,
+    bad_call, check_aligned, check_arity, launch as enqueue, natural_alignment, unsupported, Arg,
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -323,12 +322,10 @@ pub(super) unsafe fn launch(
         ));
     }
     if tiled > 0 {
-        // f16 tiles through the staging buffer when it fits (and is not
-        // switched off), else loaded and widened in place.
+        // f16 tiles through the staging buffer when it fits, else loaded
+        // and widened in place.
         let limit = kernels.large_shared_limit;
-        let staged = kv == DType::F16
-            && attn_staging_allowed(OP)?
-            && tiled_shared_bytes(d, kv, true) <= limit;
+        let staged = kv == DType::F16 && tiled_shared_bytes(d, kv, true) <= limit;
         let bytes = tiled_shared_bytes(d, kv, staged);
         args.chunk = staged as u32;
         check_aligned(OP, out, 16)?; // float4 stores

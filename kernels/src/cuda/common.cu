@@ -30,7 +30,7 @@ typedef long long i64;
 // before it still waits itself (pdl_trigger).
 //
 // Every kernel calls this first. Launched with programmatic stream
-// serialization (launch.rs, WEFT_CUDA_PDL), a kernel may start while the
+// serialization (launch.rs, on sm_90 and later), a kernel may start while the
 // kernel before it finishes: it waits here until that one has completed and
 // its writes are visible, then lets the next kernel launch. So the launch
 // latency overlaps the previous kernel's tail, never its work. Launched
@@ -551,9 +551,10 @@ DEV void tree_sum(Term term, int n, double* sum, double* abs_sum) {
     *abs_sum = a;
 }
 
-// How a row kernel reproduces the CPU's sequential f64 sum (`method`, chosen
-// by F64_SUM_ENV on the host): 0 the exact parallel scheme above, 1 lane 0
-// in order, 3 bounded (below).
+// How a row kernel reproduces the CPU's sequential f64 sum (`method`): 0 the
+// exact parallel scheme above, 1 lane 0 in order, 3 bounded (below). The
+// host always passes 3 (launch.rs); hyper.cu's fallback takes the exact
+// parallel scheme.
 #define SUM_PARALLEL 0
 #define SUM_SEQUENTIAL 1
 #define SUM_BOUNDED 3

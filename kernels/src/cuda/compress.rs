@@ -28,7 +28,7 @@
 //! `[q_position]` from `step` when it is not null.
 
 use super::launch::{
-    bad_call, check_aligned, check_arity, f64_sum_method, launch as enqueue, unsupported, Arg,
+    bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg, F64_SUM_BOUNDED,
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -280,7 +280,7 @@ unsafe fn compress(
             Arg::F32(factor),
             Arg::U64(lo.to_bits()),
             Arg::U64(hi.to_bits()),
-            Arg::I32(f64_sum_method(OP)?),
+            Arg::I32(F64_SUM_BOUNDED),
         ],
         OP,
     )

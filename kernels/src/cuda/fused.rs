@@ -149,7 +149,7 @@ unsafe fn norm_quantize(
         check_aligned(op, t, 4)?;
     }
     check_aligned(op, o.out, natural_alignment(o.out.tensor.dtype))?;
-    let method = super::launch::f64_sum_method(op)?;
+    let method = super::launch::F64_SUM_BOUNDED;
     let l = norm_launch(op, o, eps, method, early)?;
     let f = kernels.fns.get(op, &l.kernel)?;
     let grid = (l.blocks, 1, 1);

@@ -4,19 +4,19 @@
 //! too, except for f64 `exp` (CUDA's, glibc's on the CPU, both within an
 //! ulp), so it is checked against a tolerance: 2^-20 relative per value
 //! (a differing f64 exp moves an f32 result by an ulp at most, and only
-//! next to a rounding midpoint). The f64 sums of squares follow
-//! [`super::F64_SUM_ENV`] like rms_norm: every method reproduces the
-//! CPU's sequential sum exactly.
+//! next to a rounding midpoint). The f64 sums of squares are reproduced
+//! like rms_norm's (the bounded method of common.cu): the CPU's sequential
+//! sum exactly.
 //!
 //! Decode shapes (a few rows) are latency bound, so they get more threads
 //! per row: on sm_90 a cluster of eight blocks per row (the `_cl` kernels,
-//! for hc <= 5 mixes with streams and hc = 4 collapses of up to 4096 columns
-//! under the bounded sum method), else one block of 1024 threads; many rows
+//! for hc <= 5 mixes with streams and hc = 4 collapses of up to 4096 columns),
+//! else one block of 1024 threads; many rows
 //! get a block of 256 threads each.
 
 use super::launch::{
-    bad_call, check_aligned, check_arity, f64_sum_method, launch as enqueue, row_stage,
-    unsupported, Arg,
+    bad_call, check_aligned, check_arity, launch as enqueue, row_stage, unsupported, Arg,
+    F64_SUM_BOUNDED,
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -56,9 +56,6 @@ const MIX_WARP_STREAMS: usize = 5;
 /// Columns up to which hc_collapse_cl_f32 takes a row (one float4 group
 /// per thread of the cluster).
 const COLLAPSE_CLUSTER_COLS: usize = 4 * (CLUSTER * CLUSTER_BLOCK) as usize;
-/// `method` of the bounded f64 sums (`SUM_BOUNDED` in common.cu): the
-/// cluster kernels handle only that one.
-const SUM_BOUNDED: i32 = 3;
 /// Threads per block of hc_expand.
 const EXPAND_BLOCK: u32 = 128;
 
@@ -136,22 +133,21 @@ unsafe fn mix(
         (true, Some(x)) => (x.ptr, x.tensor.cols()),
         _ => (0, 0),
     };
-    let method = f64_sum_method(OP)?;
+    let method = F64_SUM_BOUNDED;
     let hc = p.hc;
     let warp = hc <= MIX_WARP_STREAMS;
     // The tail needs a thread per mixer output, two warps (Sinkhorn, pre
     // and post) or a thread per comb entry.
     let need = if warp { mix.max(64) } else { mix.max(hc * hc) }.next_multiple_of(32) as u32;
-    let (name, grid, block) =
-        if x != 0 && warp && method == SUM_BOUNDED && rows <= CLUSTER_ROWS && has_clusters(k) {
-            ("hc_mix_cl_f32", rows as u32 * CLUSTER, CLUSTER_BLOCK)
-        } else if x == 0 {
-            ("hc_mix_f32", rows as u32, need)
-        } else if rows <= WIDE_ROWS {
-            ("hc_mix_f32", rows as u32, WIDE_BLOCK)
-        } else {
-            ("hc_mix_f32", rows as u32, BLOCK.max(need))
-        };
+    let (name, grid, block) = if x != 0 && warp && rows <= CLUSTER_ROWS && has_clusters(k) {
+        ("hc_mix_cl_f32", rows as u32 * CLUSTER, CLUSTER_BLOCK)
+    } else if x == 0 {
+        ("hc_mix_f32", rows as u32, need)
+    } else if rows <= WIDE_ROWS {
+        ("hc_mix_f32", rows as u32, WIDE_BLOCK)
+    } else {
+        ("hc_mix_f32", rows as u32, BLOCK.max(need))
+    };
     enqueue(
         s,
         k.fns.get(OP, name)?,
@@ -210,7 +206,7 @@ unsafe fn collapse(
         (Some(_), Some(w)) => w.ptr,
         _ => 0,
     };
-    let method = f64_sum_method(OP)?;
+    let method = F64_SUM_BOUNDED;
     let eps = norm_eps.unwrap_or(0.0);
     let cc = co.tensor.cols() as i32;
     if w != 0
@@ -218,7 +214,6 @@ unsafe fn collapse(
         && d % 4 == 0
         && d <= COLLAPSE_CLUSTER_COLS
         && [x.ptr, out.ptr, w].iter().all(|p| p % 16 == 0)
-        && method == SUM_BOUNDED
         && rows <= CLUSTER_ROWS
         && has_clusters(k)
     {

@@ -42,101 +42,13 @@ pub(crate) fn row_stage(cols: usize) -> (u32, i32) {
     }
 }
 
-/// The environment variable choosing how the row kernels reproduce the
-/// CPU's sequential f64 sums (rms_norm, layer_norm, softmax): `bounded` (the
-/// default, also `auto`: a tree sum whose error bound decides the f32 the
-/// kernel needs, with lane 0 summing in order in the rare row where it
-/// cannot), `sequential` (lane 0 in order) or `parallel` (the exact parallel
-/// scheme of common.cu). All three give the CPU's bits; they differ only in
-/// speed (H200, 576 columns: sequential 8.2 µs, parallel 10.9 µs per
-/// rms_norm node, bounded about the cost of a plain tree sum).
-pub const F64_SUM_ENV: &str = "WEFT_CUDA_F64_SUM";
-
-/// The kernels' `method` argument (common.cu's `SUM_*`) under
-/// [`F64_SUM_ENV`].
-pub(crate) fn f64_sum_method(op: &'static str) -> Result<i32, OpError> {
-    match std::env::var(F64_SUM_ENV).as_deref() {
-        Err(_) | Ok("auto") | Ok("bounded") => Ok(3),
-        Ok("parallel") => Ok(0),
-        Ok("sequential") => Ok(1),
-        Ok(other) => Err(bad_call(
-            op,
-            format!("{F64_SUM_ENV}={other:?} is not one of: auto, bounded, sequential, parallel"),
-        )),
-    }
-}
-
-/// The environment variable choosing how the tiled prefill attention
-/// brings f16 key/value tiles in: `auto` (the default: through a staging
-/// buffer filled asynchronously while the previous tile is worked on, when
-/// the device's shared memory per block holds it; head size 256 needs
-/// 218,112 bytes) or `direct` (each tile loaded and widened in place, no
-/// overlap, 65,536 bytes less). Both give the same bits.
-pub const ATTN_STAGING_ENV: &str = "WEFT_CUDA_ATTN_STAGING";
-
-/// Whether the tiled attention may stage its tiles, under [`ATTN_STAGING_ENV`].
-pub(crate) fn attn_staging_allowed(op: &'static str) -> Result<bool, OpError> {
-    match std::env::var(ATTN_STAGING_ENV).as_deref() {
-        Err(_) | Ok("auto") => Ok(true),
-        Ok("direct") => Ok(false),
-        Ok(other) => Err(bad_call(
-            op,
-            format!("{ATTN_STAGING_ENV}={other:?} is not one of: auto, direct"),
-        )),
-    }
-}
-
-/// The environment variable choosing where grouped decode matvecs (q/k/v,
-/// output and down projections) read their weight rows: `staged` (the
-/// default: each block's rows copied into shared memory with 16-byte
-/// copies first, so every global load moves whole lines) or `direct` (each
-/// lane loads its 2- and 4-byte pieces from global memory). Both give the
-/// same bits; SmolLM2 on an H200: tg128 0.546 against 0.583 ms per token.
-pub const MATVEC_ROWS_ENV: &str = "WEFT_CUDA_MATVEC_ROWS";
-
-/// Whether grouped decode matvecs stage their weight rows, under
-/// [`MATVEC_ROWS_ENV`] (read once).
-pub(crate) fn matvec_rows_staged(op: &'static str) -> Result<bool, OpError> {
-    static MODE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    let v = MODE.get_or_init(|| match std::env::var(MATVEC_ROWS_ENV).as_deref() {
-        Err(_) | Ok("staged") => Ok(true),
-        Ok("direct") => Ok(false),
-        Ok(other) => Err(format!(
-            "{MATVEC_ROWS_ENV}={other:?} is not one of: staged, direct"
-        )),
-    });
-    v.clone().map_err(|m| bad_call(op, m))
-}
-
-/// The environment variable choosing the rows per block of the staged
-/// grouped decode matvecs (q/k/v, output and down projections): `16` (the
-/// default), `8` or `32`. SmolLM2 on an H200, tg128 device time per token:
-/// 0.5262-0.5285 ms at 16, 0.5287-0.5295 at 8, 0.554 at 32 (4 rows lost
-/// too). Unstaged blocks keep 8 rows. All give the same bits.
-pub const MATVEC_BLOCK_ROWS_ENV: &str = "WEFT_CUDA_MATVEC_BLOCK_ROWS";
-
-/// Rows per staged grouped-matvec block, under [`MATVEC_BLOCK_ROWS_ENV`]
-/// (read once).
-pub(crate) fn matvec_block_rows(op: &'static str) -> Result<usize, OpError> {
-    static MODE: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    let v = MODE.get_or_init(|| match std::env::var(MATVEC_BLOCK_ROWS_ENV).as_deref() {
-        Err(_) | Ok("16") => Ok(16),
-        Ok("8") => Ok(8),
-        Ok("32") => Ok(32),
-        Ok(other) => Err(format!(
-            "{MATVEC_BLOCK_ROWS_ENV}={other:?} is not one of: 8, 16, 32"
-        )),
-    });
-    v.clone().map_err(|m| bad_call(op, m))
-}
-
-/// The environment variable switching programmatic dependent launch off
-/// (`0`) or on (`1`, the default; devices before compute capability 9.0
-/// never use it): every kernel is launched allowed to start
-/// while the kernel before it in its stream (or captured graph) finishes;
-/// each kernel waits at its entry (`pdl_sync` in common.cu) until that one
-/// completed, so only the launch latency overlaps, never the work.
-pub const PDL_ENV: &str = "WEFT_CUDA_PDL";
+/// The kernels' `method` argument (common.cu's `SUM_BOUNDED`): how the row
+/// kernels reproduce the CPU's sequential f64 sums (rms_norm, layer_norm,
+/// softmax). A tree sum whose error bound decides the f32 the kernel needs,
+/// with lane 0 summing in order in the rare row where it cannot; the CPU's
+/// bits at about the cost of a plain tree sum (H200, 576 columns: lane 0
+/// in order 8.2 µs, the exact parallel scheme 10.9 µs per rms_norm node).
+pub(crate) const F64_SUM_BOUNDED: i32 = 3;
 
 /// Whether every device loaded so far has compute capability 9.0 or later
 /// (programmatic dependent launch, thread block clusters).
@@ -156,23 +68,12 @@ pub(crate) fn sm90() -> bool {
     SM90_DEVICES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether launches use programmatic dependent launch ([`PDL_ENV`], read
-/// once, and a device that has it).
-fn pdl_enabled(op: &'static str) -> Result<bool, OpError> {
-    if !sm90() {
-        return Ok(false);
-    }
-    static PDL: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    let v = PDL.get_or_init(|| match std::env::var(PDL_ENV).as_deref() {
-        Err(_) | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(other) => Err(format!("{PDL_ENV}={other:?} is not 0 or 1")),
-    });
-    v.clone().map_err(|m| bad_call(op, m))
-}
-
 /// Enqueues `func` on `stream` through `cuLaunchKernelEx`, allowed to start
-/// early (programmatic stream serialization) when [`PDL_ENV`] is on.
+/// early (programmatic stream serialization) on a device that has it
+/// (compute capability 9.0 or later): the kernel is launched while the
+/// kernel before it in its stream (or captured graph) finishes, and waits
+/// at its entry (`pdl_sync` in common.cu) until that one completed, so
+/// only the launch latency overlaps, never the work.
 ///
 /// # Safety
 /// `args` must match the kernel's parameters in number, order and type, and
@@ -201,12 +102,13 @@ pub(crate) unsafe fn launch(
             Arg::Proj(v) => v as *const super::proj_attention::ProjArgs as *mut c_void,
         })
         .collect();
-    // Programmatic dependent launch, when on: the only launch attribute.
+    // Programmatic dependent launch, where the device has it: the only
+    // launch attribute.
     // SAFETY: a zeroed attribute is a valid plain-data value; id and value set below.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
-    let attrs = pdl_enabled(op)? as u32;
+    let attrs = sm90() as u32;
     let config = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,

@@ -24,16 +24,16 @@
 //! `--fmad=false`), glibc's `expf` and ggml's `ggml_v_expf` are ported, the
 //! f64 sums of rms_norm and softmax are reproduced exactly (a tree sum whose
 //! error bound fixes the f32 result, or in order by one lane where it
-//! cannot: [`F64_SUM_ENV`]).
+//! cannot).
 //! The other weight formats follow the CPU's order too. Exceptions:
 //! soft-capped attention scores (CUDA's `tanhf`) and rope positions past the
 //! uploaded table (CUDA's `cosf`/`sinf`) are within a few ulp, not
 //! bit-exact. `docs/cuda.md` describes each kernel family.
 //!
-//! Environment: [`PTX_CACHE_ENV`] (keep compiled PTX between processes),
-//! [`TABLE_POSITIONS_ENV`] (rope table length), [`F64_SUM_ENV`], [`ATTN_STAGING_ENV`], [`PDL_ENV`]
-//! (programmatic dependent launch: each kernel's launch overlaps the tail of
-//! the one before it).
+//! On compute capability 9.0 and later every kernel is launched with
+//! programmatic dependent launch: its launch overlaps the tail of the one
+//! before it. [`CudaKernels::new`] takes the folder where compiled PTX is
+//! kept between processes, if any.
 
 mod argmax;
 mod attention;
@@ -57,13 +57,8 @@ mod softmax;
 mod tail_rope;
 
 pub use cudarc;
-pub use launch::{ATTN_STAGING_ENV, F64_SUM_ENV, PDL_ENV};
 pub use matmul::{GroupKey, GroupMember, GROUP_MAX};
-pub use module::PTX_CACHE_ENV;
-pub use proj_attention::PROJ_ATTENTION_ENV;
-pub use rope::{
-    table_positions as rope_table_positions, DEFAULT_TABLE_POSITIONS, TABLE_POSITIONS_ENV,
-};
+pub use rope::TABLE_POSITIONS as ROPE_TABLE_POSITIONS;
 
 use crate::Numerics;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
@@ -123,15 +118,23 @@ pub struct CudaKernels {
 }
 
 impl CudaKernels {
-    /// Compiles (once per process and architecture) and loads every
-    /// kernel, launching the exact ones.
-    pub fn new(ctx: Arc<CudaContext>) -> Result<Self, OpError> {
-        Self::with_numerics(ctx, Numerics::Exact)
+    /// Compiles (once per process and architecture, or reads from
+    /// `ptx_cache`, a folder that keeps compiled PTX between processes) and
+    /// loads every kernel, launching the exact ones.
+    pub fn new(
+        ctx: Arc<CudaContext>,
+        ptx_cache: Option<&std::path::Path>,
+    ) -> Result<Self, OpError> {
+        Self::with_numerics(ctx, ptx_cache, Numerics::Exact)
     }
 
     /// As [`new`](Self::new), launching the kernels of `numerics`: under
     /// [`Numerics::Fast`] a node with a fast kernel (`fast/`) runs that one.
-    pub fn with_numerics(ctx: Arc<CudaContext>, numerics: Numerics) -> Result<Self, OpError> {
+    pub fn with_numerics(
+        ctx: Arc<CudaContext>,
+        ptx_cache: Option<&std::path::Path>,
+        numerics: Numerics,
+    ) -> Result<Self, OpError> {
         let names: Vec<&'static str> = [
             argmax::KERNELS,
             attention::KERNELS,
@@ -150,7 +153,7 @@ impl CudaKernels {
             &dsv4::kernels(),
         ]
         .concat();
-        let fns = module::Functions::load(&ctx, &names)?;
+        let fns = module::Functions::load(&ctx, &names, ptx_cache)?;
         let optin = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -700,10 +703,12 @@ mod tests {
         // sm_90 (the H200 the kernels are tuned on) and sm_80: the cluster
         // kernels must still compile where clusters do not exist.
         // `WEFT_TEST_NVRTC_ARCHS` (comma-separated) narrows the list, as
-        // scripts/cuda/make-ptx-cache.sh does to sm_90.
+        // scripts/cuda/make-ptx-cache.sh does to sm_90, which also names
+        // the folder the PTX is written to (`WEFT_CUDA_PTX_CACHE`).
         let archs = std::env::var("WEFT_TEST_NVRTC_ARCHS").unwrap_or("sm_90,sm_80".into());
+        let cache = std::env::var_os("WEFT_CUDA_PTX_CACHE").map(std::path::PathBuf::from);
         for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            if let Err(e) = super::module::ptx_for(arch) {
+            if let Err(e) = super::module::ptx_for(arch, cache.as_deref()) {
                 panic!("NVRTC ({arch}): {e}");
             }
         }

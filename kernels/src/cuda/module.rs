@@ -9,6 +9,7 @@ use super::launch::driver_error;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
@@ -62,8 +63,9 @@ pub(crate) fn compile_options(arch: &str) -> CompileOptions {
     }
 }
 
-/// PTX per architecture, compiled at most once per process.
-pub(crate) fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
+/// PTX per architecture, compiled at most once per process (and kept in
+/// `disk_cache`, when given, between processes).
+pub(crate) fn ptx_for(arch: &str, disk_cache: Option<&Path>) -> Result<Arc<str>, OpError> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<str>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = cache
@@ -73,7 +75,7 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
         return Ok(p.clone());
     }
     let source = program_source();
-    let cached = disk_cache_path(&source, arch);
+    let cached = disk_cache.map(|dir| disk_cache_path(dir, &source, arch));
     if let Some(text) = cached
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p).ok())
@@ -99,20 +101,15 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Arc<str>, OpError> {
     Ok(text)
 }
 
-/// The environment variable naming a folder where compiled PTX is kept
-/// between processes (unset: compile in every process).
-pub const PTX_CACHE_ENV: &str = "WEFT_CUDA_PTX_CACHE";
-
-/// `<cache>/<hash of source, options and arch>.ptx`, when the cache is on.
-fn disk_cache_path(source: &str, arch: &str) -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os(PTX_CACHE_ENV)?;
+/// `<dir>/<hash of source, options and arch>.ptx`.
+fn disk_cache_path(dir: &Path, source: &str, arch: &str) -> PathBuf {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let opts = format!("{:?}", compile_options(arch));
     for b in source.bytes().chain(opts.bytes()).chain(arch.bytes()) {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    Some(std::path::PathBuf::from(dir).join(format!("weft-{arch}-{h:016x}.ptx")))
+    dir.join(format!("weft-{arch}-{h:016x}.ptx"))
 }
 
 /// The compiler's log, readable.
@@ -133,8 +130,13 @@ pub(crate) struct Functions {
 }
 
 impl Functions {
-    /// Compiles (or reuses) the program for `ctx`'s device and loads `names`.
-    pub(crate) fn load(ctx: &Arc<CudaContext>, names: &[&'static str]) -> Result<Self, OpError> {
+    /// Compiles (or reuses, from this process or `ptx_cache`) the program
+    /// for `ctx`'s device and loads `names`.
+    pub(crate) fn load(
+        ctx: &Arc<CudaContext>,
+        names: &[&'static str],
+        ptx_cache: Option<&Path>,
+    ) -> Result<Self, OpError> {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_error("cuda", "reading the compute capability", e))?;
@@ -142,7 +144,7 @@ impl Functions {
         // Programmatic dependent launch needs sm_90 (pdl_sync compiles to
         // nothing below it).
         super::launch::note_compute_capability(major);
-        let ptx = ptx_for(&arch)?;
+        let ptx = ptx_for(&arch, ptx_cache)?;
         let module = ctx
             .load_module(Ptx::from_src(ptx.to_string()))
             .map_err(|e| driver_error("cuda", "loading the compiled module", e))?;

@@ -43,7 +43,7 @@ pub(super) unsafe fn rms_norm(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(super::launch::F64_SUM_BOUNDED),
         ],
         OP,
     )
@@ -81,7 +81,7 @@ pub(super) unsafe fn layer_norm(
             Arg::I32(x.tensor.cols() as i32),
             Arg::F32(eps),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(super::launch::F64_SUM_BOUNDED),
         ],
         OP,
     )

@@ -47,26 +47,6 @@ const THREADS: u32 = 512;
 /// Blocks per matrix in a head's cluster (proj_attn.cu's `PROJ_PARTS`).
 const PARTS: usize = 2;
 
-/// The environment variable switching the fused node off (`0`) or on (`1`,
-/// the default). Off, the fusion pass leaves the projections and the
-/// attention as separate nodes (one more level per layer), and the norms
-/// wait before the next kernel launches. Same bits; SmolLM2 on an H200:
-/// 0.496-0.501 ms per decode token on, 0.529-0.530 off.
-pub const PROJ_ATTENTION_ENV: &str = "WEFT_CUDA_PROJ_ATTENTION";
-
-/// Whether the fused node is on, under [`PROJ_ATTENTION_ENV`] (read once).
-fn enabled() -> Result<bool, OpError> {
-    static MODE: std::sync::OnceLock<Result<bool, String>> = std::sync::OnceLock::new();
-    let v = MODE.get_or_init(|| match std::env::var(PROJ_ATTENTION_ENV).as_deref() {
-        Err(_) | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(other) => Err(format!(
-            "{PROJ_ATTENTION_ENV}={other:?} is not one of: 0, 1"
-        )),
-    });
-    v.clone().map_err(|m| bad_call(OP, m))
-}
-
 /// proj_attn.cu's `ProjArgs`, field for field (matrix 0 the query, 1 the
 /// key, 2 the value; a zero `w`: not absorbed).
 #[repr(C)]
@@ -122,12 +102,6 @@ pub(super) fn supports(
         return Err(unsupported(
             OP,
             "flash attention off (the CPU backend has that path)".to_string(),
-        ));
-    }
-    if !enabled()? {
-        return Err(unsupported(
-            OP,
-            format!("this node with {PROJ_ATTENTION_ENV}=0"),
         ));
     }
     let (ins, outs) = (&node.inputs, &node.outputs);

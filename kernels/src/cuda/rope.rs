@@ -1,7 +1,7 @@
 //! Rotary embedding on CUDA. The (cos, sin) pairs come from a per-parameter
 //! table that `prepare` computes on the host with the CPU's own
 //! `angle_cache` (glibc cosf/sinf of llama.cpp's iterated theta) for
-//! positions `0..table_positions()`, so the rotation is bit-identical to
+//! positions `0..TABLE_POSITIONS`, so the rotation is bit-identical to
 //! the CPU's; later positions fall back to CUDA's cosf/sinf (see rope.cu).
 
 use super::launch::{
@@ -14,10 +14,8 @@ use weft_ops::{OpError, RopeMode, RopeParams};
 
 pub(super) const KERNELS: &[&str] = &["rope_f32"];
 
-/// Positions covered by a table unless `WEFT_CUDA_ROPE_POSITIONS` says otherwise.
-pub const DEFAULT_TABLE_POSITIONS: u32 = 32_768;
-/// The environment override for the table's length.
-pub const TABLE_POSITIONS_ENV: &str = "WEFT_CUDA_ROPE_POSITIONS";
+/// Positions covered by a table.
+pub const TABLE_POSITIONS: u32 = 32_768;
 
 /// The CUDA-side parameters (layout of `RopeArgs` in rope.cu).
 #[repr(C)]
@@ -54,19 +52,6 @@ pub(super) fn table_key(p: &RopeParams) -> TableKey {
     ])
 }
 
-/// Positions per table: the environment override or the default.
-pub fn table_positions() -> Result<u32, OpError> {
-    match std::env::var(TABLE_POSITIONS_ENV) {
-        Err(_) => Ok(DEFAULT_TABLE_POSITIONS),
-        Ok(v) => v.trim().parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            bad_call(
-                "rope",
-                format!("{TABLE_POSITIONS_ENV}={v:?} is not a positive integer (positions per rope table)"),
-            )
-        }),
-    }
-}
-
 /// A device table of `(cos, sin)` for every position and pair.
 pub(super) struct Table {
     pub(super) data: CudaSlice<f32>,
@@ -75,7 +60,7 @@ pub(super) struct Table {
 
 /// Builds and uploads the table for `p` (outside graph capture).
 pub(super) fn build_table(stream: &Arc<CudaStream>, p: &RopeParams) -> Result<Table, OpError> {
-    let positions = table_positions()?;
+    let positions = TABLE_POSITIONS;
     let half = p.n_dims / 2;
     let mut host = Vec::with_capacity(positions as usize * half * 2);
     let mut cache = Vec::with_capacity(half);

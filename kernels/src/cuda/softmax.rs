@@ -35,7 +35,7 @@ pub(super) unsafe fn launch(
             Arg::I32(ins[0].tensor.cols() as i32),
             Arg::F32(scale),
             Arg::I32(staged),
-            Arg::I32(super::launch::f64_sum_method(OP)?),
+            Arg::I32(super::launch::F64_SUM_BOUNDED),
         ],
         OP,
     )

@@ -1,5 +1,5 @@
 //! Shared harness of the CUDA tests: device setup (skip without a GPU,
-//! fail with `WEFT_REQUIRE_CUDA=1`), host <-> device mirrors of a
+//! fail with `WEFT_TEST_REQUIRE_CUDA=1`), host <-> device mirrors of a
 //! `HostMemory`, the CPU kernels as the reference, bitwise comparison.
 
 #![allow(dead_code)]
@@ -13,7 +13,7 @@ use weft_ops::reference::HostMemory;
 use weft_ops::{DType, OpNode, Tensor};
 
 /// The environment variable that turns skips into failures (device runs).
-pub const REQUIRE_ENV: &str = "WEFT_REQUIRE_CUDA";
+pub const REQUIRE_ENV: &str = "WEFT_TEST_REQUIRE_CUDA";
 
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -29,8 +29,10 @@ pub fn gpu() -> Option<&'static Gpu> {
         let ctx = CudaContext::new(0).map_err(|e| format!("CudaContext::new(0): {e}"))?;
         // SAFETY: called before this context allocates anything.
         unsafe { ctx.disable_event_tracking() };
-        let kernels =
-            CudaKernels::new(ctx.clone()).map_err(|e| format!("CudaKernels::new: {e}"))?;
+        // The device scripts keep compiled PTX between runs.
+        let ptx_cache = std::env::var_os("WEFT_CUDA_PTX_CACHE").map(std::path::PathBuf::from);
+        let kernels = CudaKernels::new(ctx.clone(), ptx_cache.as_deref())
+            .map_err(|e| format!("CudaKernels::new: {e}"))?;
         Ok(Gpu { ctx, kernels })
     });
     match g {
@@ -47,7 +49,7 @@ pub fn gpu() -> Option<&'static Gpu> {
 
 /// The environment variable for a dry run without a GPU: the tests build
 /// their nodes and run the CPU side only (checks the harness itself).
-pub const DRY_RUN_ENV: &str = "WEFT_CUDA_DRY_RUN";
+pub const DRY_RUN_ENV: &str = "WEFT_TEST_CUDA_DRY_RUN";
 
 /// `None`: skip the test. `Some(None)`: a dry run (no GPU, see
 /// [`DRY_RUN_ENV`]); the comparisons then hold trivially.

@@ -4,24 +4,13 @@
 //! f64): tolerance 2^-20 relative per value (8 f32 ulps; a differing f64 exp
 //! moves the f32 result by at most one ulp in practice, and the Sinkhorn
 //! iterations do not amplify it). The f64 sums of squares (HcMix's stream
-//! RMS, HcCollapse's norm) must be exact under every `WEFT_CUDA_F64_SUM`
-//! method, including rows built to defeat the bounded one.
+//! RMS, HcCollapse's norm) must be exact, including rows built to defeat
+//! the bounded sum (which then falls back to summing in order).
 
 use crate::cuda_common::*;
 use weft_ops::dsv4::HcMixParams;
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpNode};
-
-const METHODS: [&str; 3] = ["bounded", "sequential", "parallel"];
-
-/// Runs `body` once per f64 sum method (see `WEFT_CUDA_F64_SUM`).
-fn for_each_method(mut body: impl FnMut(&str)) {
-    for method in METHODS {
-        std::env::set_var(weft_kernels::cuda::F64_SUM_ENV, method);
-        body(method);
-    }
-    std::env::remove_var(weft_kernels::cuda::F64_SUM_ENV);
-}
 
 /// HcMix's tolerance (see the module doc).
 const MIX_TOLERANCE: f32 = 1.0 / (1 << 20) as f32;
@@ -204,19 +193,17 @@ fn hc_mix_within_tolerance() {
         mc(70, 3, 33, false, 7),
     ];
     let (mut total, mut differ) = (0, 0);
-    for_each_method(|method| {
-        for c in &cases {
-            let mut mem = HostMemory::default();
-            let n = mix_node(&mut rng, &mut mem, c, false);
-            let what = format!(
-                "hc_mix {} rows hc {} d {} head {} iters {} ({method})",
-                c.rows, c.hc, c.d, c.head, c.iters
-            );
-            let (t, d) = check_close(g, &what, &n, &mut mem, MIX_TOLERANCE);
-            total += t;
-            differ += d;
-        }
-    });
+    for c in &cases {
+        let mut mem = HostMemory::default();
+        let n = mix_node(&mut rng, &mut mem, c, false);
+        let what = format!(
+            "hc_mix {} rows hc {} d {} head {} iters {}",
+            c.rows, c.hc, c.d, c.head, c.iters
+        );
+        let (t, d) = check_close(g, &what, &n, &mut mem, MIX_TOLERANCE);
+        total += t;
+        differ += d;
+    }
     // In place (out = m), as the CPU kernel allows.
     let mut mem = HostMemory::default();
     let n = mix_node(&mut rng, &mut mem, &mc(37, 4, 100, false, 20), true);
@@ -314,20 +301,18 @@ fn hc_collapse_bit_exact() {
         (2, 4, 36, 24),
         (70, 3, 100, 15),
     ];
-    for_each_method(|method| {
-        for (rows, hc, d, cc) in shapes {
-            for norm in [false, true] {
-                let mut mem = HostMemory::default();
-                let n = collapse_node(&mut rng, &mut mem, rows, hc, d, cc, norm);
-                check_exact(
-                    g,
-                    &format!("hc_collapse {rows}x{hc}x{d} coeffs {cc} norm {norm} ({method})"),
-                    &n,
-                    &mut mem,
-                );
-            }
+    for (rows, hc, d, cc) in shapes {
+        for norm in [false, true] {
+            let mut mem = HostMemory::default();
+            let n = collapse_node(&mut rng, &mut mem, rows, hc, d, cc, norm);
+            check_exact(
+                g,
+                &format!("hc_collapse {rows}x{hc}x{d} coeffs {cc} norm {norm}"),
+                &n,
+                &mut mem,
+            );
         }
-    });
+    }
 }
 
 /// The norm's rounding edge through every collapse kernel of four streams
@@ -339,37 +324,35 @@ fn hc_collapse_rounding_edge_bit_exact() {
     let Some(g) = gpu_or_dry() else { return };
     let mut rng = Rng::new(0x4c06);
     let (hc, cc) = (4, 24);
-    for_each_method(|method| {
-        for (rows, d) in [(1, 4096), (5, 4096), (70, 4096), (3, 4000), (3, 9000)] {
-            let mut mem = HostMemory::default();
-            let eps = 1e-6;
-            let mut xv = rng.rows(rows, hc * d);
-            let mut cv = rng.vec(rows * cc, 1.5);
-            for r in (0..rows).filter(|r| r % 2 == 0) {
-                xv[r * hc * d..r * hc * d + d].copy_from_slice(&edge_row(d, eps));
-                let c = &mut cv[r * cc..(r + 1) * cc];
-                c[..hc].copy_from_slice(&[1.0, 0.0, 0.0, 0.0]);
-            }
-            let x = mem.f32_tensor(&[rows, hc * d], &xv).unwrap();
-            let co = mem.f32_tensor(&[rows, cc], &cv).unwrap();
-            let w = mem.f32_tensor(&[d], &rng.vec(d, 1.5)).unwrap();
-            let out = mem.zeros(DType::F32, &[rows, d]).unwrap();
-            let n = node(
-                Op::HcCollapse {
-                    hc,
-                    norm_eps: Some(eps),
-                },
-                vec![x, co, w],
-                vec![out],
-            );
-            check_exact(
-                g,
-                &format!("hc_collapse edge rows {rows}x{hc}x{d} ({method})"),
-                &n,
-                &mut mem,
-            );
+    for (rows, d) in [(1, 4096), (5, 4096), (70, 4096), (3, 4000), (3, 9000)] {
+        let mut mem = HostMemory::default();
+        let eps = 1e-6;
+        let mut xv = rng.rows(rows, hc * d);
+        let mut cv = rng.vec(rows * cc, 1.5);
+        for r in (0..rows).filter(|r| r % 2 == 0) {
+            xv[r * hc * d..r * hc * d + d].copy_from_slice(&edge_row(d, eps));
+            let c = &mut cv[r * cc..(r + 1) * cc];
+            c[..hc].copy_from_slice(&[1.0, 0.0, 0.0, 0.0]);
         }
-    });
+        let x = mem.f32_tensor(&[rows, hc * d], &xv).unwrap();
+        let co = mem.f32_tensor(&[rows, cc], &cv).unwrap();
+        let w = mem.f32_tensor(&[d], &rng.vec(d, 1.5)).unwrap();
+        let out = mem.zeros(DType::F32, &[rows, d]).unwrap();
+        let n = node(
+            Op::HcCollapse {
+                hc,
+                norm_eps: Some(eps),
+            },
+            vec![x, co, w],
+            vec![out],
+        );
+        check_exact(
+            g,
+            &format!("hc_collapse edge rows {rows}x{hc}x{d}"),
+            &n,
+            &mut mem,
+        );
+    }
 }
 
 #[test]

@@ -14,6 +14,7 @@ use weft_kernels::cuda::cudarc::driver::{
     result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
 };
 use weft_kernels::cuda::DeviceTensor;
+use weft_kernels::{CudaTarget, Kernels};
 use weft_ops::{Op, OpNode, Tensor};
 
 /// A node resolved to device memory.
@@ -210,8 +211,8 @@ impl CudaBackend {
     /// captured; captures one when the structure comes a second time;
     /// launches eagerly otherwise (and always with `WEFT_CUDA_GRAPHS=0`).
     /// Also returns the structure's key when a graph of it is cached now
-    /// (a later step of the same structure can [`replay`](Self::replay) it).
-    pub(crate) fn submit(&self, cb: CudaCommandBuffer) -> (Arc<CudaWork>, Option<u64>) {
+    /// (a later step of the same structure can [`replay_graph`](Self::replay_graph) it).
+    pub(crate) fn enqueue(&self, cb: CudaCommandBuffer) -> (Arc<CudaWork>, Option<u64>) {
         if let Some(n) = cb.nodes.iter().find(|n| n.fail) {
             let e = RuntimeError::Execution {
                 op: n.node.op.name(),
@@ -249,7 +250,7 @@ impl CudaBackend {
     /// values: `values` are the step scalars of its nodes in order, `writes`
     /// the host bytes of its `Write` nodes (by position in the command
     /// buffer). `None` when no such graph is cached (any more).
-    pub(crate) fn replay(
+    pub(crate) fn replay_graph(
         &self,
         key: u64,
         values: &[u32],
@@ -394,7 +395,7 @@ impl CudaBackend {
         for n in &cb.nodes {
             // Host writes are copies from pinned staging, not kernels.
             if !matches!(n.node.op, Op::Write { .. }) {
-                self.kernels.supports(&n.node)?;
+                Kernels::supports(&self.kernels, &n.node)?;
                 self.kernels.prepare(&n.node, &self.main)?;
             }
             step_offsets.push(step_len);
@@ -407,7 +408,7 @@ impl CudaBackend {
                 }
                 _ => None,
             });
-            scratch_len += self.kernels.scratch_bytes(&n.node).next_multiple_of(256);
+            scratch_len += Kernels::scratch_bytes(&self.kernels, &n.node).next_multiple_of(256);
         }
         // SAFETY: pinned memory is written before any copy reads it.
         let staging =
@@ -554,14 +555,12 @@ impl CudaBackend {
                 .clone()
                 .map(|i| {
                     let at = scratch;
-                    scratch += self
-                        .kernels
-                        .scratch_bytes(&cb.nodes[i].node)
+                    scratch += Kernels::scratch_bytes(&self.kernels, &cb.nodes[i].node)
                         .next_multiple_of(256) as u64;
                     at
                 })
                 .collect();
-            let launches = self.level_launches(cb, level.clone(), self.group && g.clock.is_none());
+            let launches = self.level_launches(cb, level.clone(), g.clock.is_none());
             let width = launches.len().min(self.streams);
             if width > 1 {
                 let fork = self.main.record_event(None).map_err(driver)?;
@@ -709,8 +708,13 @@ impl CudaBackend {
         }
         // SAFETY: every tensor was resolved to live device memory of its size.
         unsafe {
-            self.kernels
-                .launch_before(stream, &n.node, &n.ins, &n.outs, scratch, step, next)
+            let mut at = CudaTarget {
+                stream,
+                scratch,
+                step,
+                next,
+            };
+            Kernels::launch(&self.kernels, &mut at, &n.node, &n.ins, &n.outs)
         }
         .map_err(fail)
     }

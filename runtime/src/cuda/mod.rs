@@ -8,19 +8,20 @@
 //! replayed while the structure is unchanged: values that change from token
 //! to token (positions, cache rows, uploaded token ids) are written into
 //! device memory or pinned staging that the graph reads, so a new decode
-//! token needs no new graph. `WEFT_CUDA_STREAMS` (1-4, default 4) caps the
-//! streams a level is spread over (1: every node on one stream, in order).
-//! A level's decode matvecs of one activation row (a layer's q, k and v)
-//! share one launch (`WEFT_CUDA_GROUP=0` gives each its own).
-//! Where capture is impossible (or switched off
-//! with `WEFT_CUDA_GRAPHS=0`) the same launches run eagerly, and the
-//! counters say so.
+//! token needs no new graph. [`CudaConfig::streams`] (1-4, default 4) caps
+//! the streams a level is spread over (1: every node on one stream, in
+//! order). A level's decode matvecs of one activation row (a layer's q, k
+//! and v) share one launch. Where capture is impossible (or switched off,
+//! [`CudaConfig::graphs`]) the same launches run eagerly, and the counters
+//! say so.
 
 mod graph;
+mod submit;
 
 pub(crate) use graph::{CudaCommandBuffer, CudaNode, CudaWork};
+pub(crate) use submit::node_timings;
 
-use crate::RuntimeError;
+use crate::{CudaConfig, RuntimeError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -68,9 +69,6 @@ pub(crate) struct CudaBackend {
     pub use_graphs: bool,
     /// Streams a level's nodes are spread over (at most [`BRANCH_STREAMS`]).
     pub streams: usize,
-    /// Launch a level's decode matvecs of one activation row together
-    /// (`WEFT_CUDA_GROUP`, default on).
-    pub group: bool,
     pub stats: GraphStats,
     /// Device time zero of node timings and the host instant it maps to.
     clock: Mutex<Option<(Arc<CudaEvent>, Instant)>>,
@@ -82,13 +80,20 @@ pub(crate) struct CudaBackend {
 }
 
 /// Streams a level's nodes can be spread over.
-const BRANCH_STREAMS: usize = 4;
+const BRANCH_STREAMS: usize = CudaConfig::MAX_STREAMS;
 
 impl CudaBackend {
     pub(crate) fn new(
         ordinal: usize,
+        config: &CudaConfig,
         numerics: weft_kernels::Numerics,
     ) -> Result<CudaBackend, RuntimeError> {
+        if !(1..=BRANCH_STREAMS).contains(&config.streams) {
+            return Err(RuntimeError::Usage(format!(
+                "CudaConfig::streams must be from 1 to {BRANCH_STREAMS}, got {}",
+                config.streams
+            )));
+        }
         if let Some(why) = unavailable_reason() {
             return Err(RuntimeError::Usage(format!("CUDA is unavailable: {why}")));
         }
@@ -101,53 +106,17 @@ impl CudaBackend {
             .map(|_| ctx.new_stream().map_err(driver))
             .collect::<Result<_, _>>()?;
         let readback_stream = ctx.new_stream().map_err(driver)?;
-        let kernels = CudaKernels::with_numerics(Arc::clone(&ctx), numerics)?;
-        let use_graphs = match std::env::var("WEFT_CUDA_GRAPHS") {
-            Err(std::env::VarError::NotPresent) => true,
-            Ok(v) if v.trim() == "1" => true,
-            Ok(v) if v.trim() == "0" => false,
-            _ => return Err(RuntimeError::Usage(
-                "WEFT_CUDA_GRAPHS must be 0 (launch eagerly) or 1 (capture and replay CUDA graphs)"
-                    .into(),
-            )),
-        };
-        let streams = match std::env::var("WEFT_CUDA_STREAMS") {
-            Err(std::env::VarError::NotPresent) => BRANCH_STREAMS,
-            Ok(v) => match v.trim().parse::<usize>() {
-                Ok(n) if (1..=BRANCH_STREAMS).contains(&n) => n,
-                _ => {
-                    return Err(RuntimeError::Usage(format!(
-                        "WEFT_CUDA_STREAMS must be a number of streams from 1 to {BRANCH_STREAMS}, got {v:?}"
-                    )))
-                }
-            },
-            Err(e) => {
-                return Err(RuntimeError::Usage(format!(
-                    "WEFT_CUDA_STREAMS is not readable: {e}"
-                )))
-            }
-        };
-        let group = match std::env::var("WEFT_CUDA_GROUP") {
-            Err(std::env::VarError::NotPresent) => true,
-            Ok(v) if v.trim() == "1" => true,
-            Ok(v) if v.trim() == "0" => false,
-            _ => {
-                return Err(RuntimeError::Usage(
-                    "WEFT_CUDA_GROUP must be 0 (one launch per node) or 1 (a level's decode matvecs of one activation row in one launch)"
-                        .into(),
-                ))
-            }
-        };
+        let kernels =
+            CudaKernels::with_numerics(Arc::clone(&ctx), config.ptx_cache.as_deref(), numerics)?;
         Ok(CudaBackend {
             ctx,
-            streams,
-            group,
+            streams: config.streams,
             main,
             branches,
             kernels,
             graphs: Mutex::new(HashMap::new()),
             seen: Mutex::new(std::collections::HashSet::new()),
-            use_graphs,
+            use_graphs: config.graphs,
             stats: GraphStats::default(),
             clock: Mutex::new(None),
             readback: Mutex::new(None),

@@ -12,7 +12,7 @@
 //! weft's models never need it: their matmuls read rows their
 //! `QuantizeRows` wrote.
 //!
-//! `submit` encodes and commits without waiting; the returned
+//! `enqueue` encodes and commits without waiting; the returned
 //! [`MetalWork`] keeps every buffer the command buffer binds (and its
 //! arena) alive until it completes, and `wait` reports the first failure:
 //! a kernel's status word by node label, or the command buffer's error.
@@ -30,6 +30,7 @@ use weft_kernels::metal::mlx_native::{CommandEncoder, MlxBuffer};
 use weft_kernels::metal::{
     read_u32s, status_message, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux,
 };
+use weft_kernels::{Kernels, MetalTarget};
 use weft_ops::{Op, OpNode, Tensor};
 
 /// A node resolved to Metal buffers.
@@ -191,7 +192,7 @@ fn span_label(nodes: &[MetalNode]) -> String {
 impl MetalBackend {
     /// Encodes and commits `cb` without waiting; returns the in-flight
     /// work and the number of memory barriers encoded.
-    pub(crate) fn submit(&self, cb: MetalCommandBuffer) -> (Arc<MetalWork>, u64) {
+    pub(crate) fn enqueue(&self, cb: MetalCommandBuffer) -> (Arc<MetalWork>, u64) {
         let label = span_label(&cb.nodes);
         let mut state = WorkState {
             encoder: None,
@@ -337,8 +338,14 @@ impl MetalBackend {
         }
         for (i, aux) in level.zip(&auxes) {
             let n = &cb.nodes[i];
-            kernels
-                .encode(enc, arena, &n.node, &n.ins, &n.outs, aux)
+            let mut at = MetalTarget {
+                enc: &mut *enc,
+                arena: &mut *arena,
+                aux,
+            };
+            // SAFETY: every tensor was resolved to a live Metal buffer the
+            // command buffer keeps, and the level's nodes do not conflict.
+            unsafe { Kernels::launch(kernels, &mut at, &n.node, &n.ins, &n.outs) }
                 .map_err(node_error(n))?;
         }
         Ok((u64::from(prologues), auxes))

@@ -20,6 +20,7 @@
 //! activations in a prologue before its level.
 
 mod graph;
+mod submit;
 
 pub(crate) use graph::{prepare, MetalWork};
 

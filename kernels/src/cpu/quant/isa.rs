@@ -1,6 +1,7 @@
 //! Which instruction set the quantized kernels run on: detected once per
-//! process, overridable with `WEFT_CPU_ISA`, and selectable per call so tests
-//! can run every path on one machine.
+//! process, capped by the caller ([`Isa::select`], from the executor's
+//! configuration: `WEFT_CPU_ISA` on the command line), and selectable per
+//! call so tests can run every path on one machine.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use weft_ops::OpError;
@@ -17,7 +18,8 @@ pub enum Isa {
     Avx512,
 }
 
-/// Environment variable that caps the path (`scalar`, `avx2`, `avx512`).
+/// The setting that caps the path (`scalar`, `avx2`, `avx512`), named in
+/// error messages (the `weft` crate reads it).
 pub const ISA_ENV: &str = "WEFT_CPU_ISA";
 
 const UNSET: u8 = 0;
@@ -92,17 +94,38 @@ impl Isa {
         )
     }
 
-    /// The path kernels use by default: the best supported one, capped by
-    /// `WEFT_CPU_ISA` when set. Detected once; a malformed or unsupported
-    /// `WEFT_CPU_ISA` is an error naming the variable.
+    /// The path kernels use by default: the one [`Isa::select`] chose, else
+    /// the best supported one. Fixed at the first call.
     pub fn detect() -> Result<Isa, OpError> {
         let cached = DETECTED.load(Ordering::Relaxed);
         if cached != UNSET {
             return Ok(Isa::from_code(cached));
         }
-        let isa = Isa::from_env_value(std::env::var_os(ISA_ENV))?;
-        DETECTED.store(isa.code(), Ordering::Relaxed);
-        Ok(isa)
+        let isa = Isa::best_supported();
+        match DETECTED.compare_exchange(UNSET, isa.code(), Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => Ok(isa),
+            Err(other) => Ok(Isa::from_code(other)),
+        }
+    }
+
+    /// Makes `self` the path of this process's kernels. An error when this
+    /// CPU cannot run it, or when the kernels already run on another path
+    /// (the choice is process-wide and made before the first kernel runs).
+    pub fn select(self) -> Result<(), OpError> {
+        let wanted = self.checked()?;
+        match DETECTED.compare_exchange(UNSET, wanted.code(), Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(()),
+            Err(code) if code == wanted.code() => Ok(()),
+            Err(code) => Err(OpError::Param {
+                op: "cpu isa",
+                message: format!(
+                    "{ISA_ENV}={} was asked for, but the CPU kernels of this process already run on {}",
+                    wanted.name(),
+                    Isa::from_code(code).name()
+                ),
+            }),
+        }
     }
 
     /// The path for a `WEFT_CPU_ISA` value (`None`: unset, the best this

@@ -16,7 +16,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use weft_graph::Label;
-use weft_kernels::cpu::{self, HostTensor, WorkSplit};
+use weft_kernels::cpu::{HostTensor, WorkSplit};
+use weft_kernels::{CpuItem, CpuKernels, Kernels};
 use weft_ops::OpNode;
 
 /// A node ready to run: its tensors resolved to host memory.
@@ -380,7 +381,13 @@ fn run_level(job: &Job, level: &Level, thread: usize, events: &mut Vec<WorkEvent
             // SAFETY: the tensors were bounds-checked against live buffers
             // when recorded, the job keeps those buffers alive, and the
             // schedule puts no conflicting node in this level.
-            unsafe { cpu::run_item(&n.node, &n.ins, &n.outs, &n.split, item) }
+            unsafe {
+                let mut at = CpuItem {
+                    split: &n.split,
+                    item,
+                };
+                CpuKernels.launch(&mut at, &n.node, &n.ins, &n.outs)
+            }
         };
         if let Some(start) = start {
             events.push(WorkEvent {
