@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// takes several rounds, the others decoding in between).
     #[arg(long, default_value_t = 512)]
     prefill_chunk: u32,
+    /// Save and restore sessions (a sequence's KV cache and tokens) as
+    /// files in DIR: a request's `session` field continues from and saves
+    /// into DIR/NAME; `POST /v1/sessions/NAME/save|restore`.
+    #[arg(long, value_name = "DIR")]
+    slots_dir: Option<std::path::PathBuf>,
     /// The model id served (default: the model file's name without `.gguf`).
     #[arg(long)]
     alias: Option<String>,
@@ -107,6 +112,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ctx: a.ctx,
             keep: a.keep,
             prefill_chunk: a.prefill_chunk,
+            slots_dir: a
+                .slots_dir
+                .as_deref()
+                .map(weft::serve::slots::SlotsDir::new)
+                .transpose()?,
         },
     };
     let model_args = a.model;

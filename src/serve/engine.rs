@@ -11,14 +11,19 @@
 //! decoding. Each sequence has its own cache, so a failed step poisons
 //! only that sequence's cache (the transaction rules); the sequence is then
 //! reset and replayed once, and on a second failure its client gets an
-//! error. Finished sequences' caches go to the [`PrefixStore`].
+//! error. Finished sequences' caches go to the [`PrefixStore`]; with
+//! `--slots-dir`, a request that names a session continues from its file
+//! and saves into it (`sessions.rs`).
+
+mod sessions;
 
 use super::error::ApiError;
-use super::job::{Event, FinishReason, GenParams, Job, PromptSource};
+use super::job::{Event, FinishReason, GenParams, Job, PromptSource, Work};
 use super::logprobs::token_logprob;
 use super::metrics::Metrics;
 use super::prefix::{KeptSequence, PrefixStore, ResumePoint};
 use super::prompt::ChatPrompt;
+use super::slots::SlotsDir;
 use super::text::StopText;
 use crate::models::sampling::Sampler;
 use crate::models::{LogitRows, Model};
@@ -102,6 +107,8 @@ pub struct EngineConfig {
     /// Largest prefill chunk (tokens) a sequence takes per round, below
     /// the model's chunk policy, so a long prompt yields to the others.
     pub prefill_chunk: u32,
+    /// Where sessions are saved (`--slots-dir`); `None`: sessions are off.
+    pub slots_dir: Option<SlotsDir>,
 }
 
 /// How a sequence ended.
@@ -138,6 +145,8 @@ struct Lane<'m> {
     recoveries: u32,
     last_token: Option<Instant>,
     outcome: Option<Outcome>,
+    /// The session this sequence saves into when it finishes.
+    session: Option<String>,
 }
 
 /// A checked job waiting for a sequence slot.
@@ -162,10 +171,11 @@ struct Engine<'m> {
     lanes: Vec<Lane<'m>>,
     waiting: VecDeque<Waiting>,
     shared: Arc<Shared>,
+    slots: Option<SlotsDir>,
 }
 
 /// Runs the engine until `shared.stop` is set or every sender is gone.
-pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Receiver<Job>) {
+pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Receiver<Work>) {
     let (exec, model, policy) = match loader() {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -174,11 +184,17 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
             shared.set_health(Health::Degraded(why.clone()));
             // Answer whatever arrives until the server stops.
             while !shared.stop.load(Ordering::Relaxed) {
-                if let Ok(job) = jobs.recv_timeout(Duration::from_millis(100)) {
-                    shared.queued.fetch_sub(1, Ordering::Relaxed);
-                    let _ = job
-                        .events
-                        .send(Event::Error(ApiError::unavailable(why.clone(), 60)));
+                match jobs.recv_timeout(Duration::from_millis(100)) {
+                    Ok(Work::Generate(job)) => {
+                        shared.queued.fetch_sub(1, Ordering::Relaxed);
+                        let _ = job
+                            .events
+                            .send(Event::Error(ApiError::unavailable(why.clone(), 60)));
+                    }
+                    Ok(Work::Session(job)) => {
+                        let _ = job.reply.send(Err(ApiError::unavailable(why.clone(), 60)));
+                    }
+                    Err(_) => {}
                 }
             }
             return;
@@ -204,6 +220,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         lanes: Vec::new(),
         waiting: VecDeque::new(),
         shared: shared.clone(),
+        slots: config.slots_dir,
     };
     shared.set_health(Health::Ok);
     eprintln!(
@@ -214,7 +231,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
 }
 
 impl<'m> Engine<'m> {
-    fn serve(&mut self, jobs: &Receiver<Job>) {
+    fn serve(&mut self, jobs: &Receiver<Work>) {
         loop {
             if self.shared.stop.load(Ordering::Relaxed) {
                 self.cancel_everything("the server stopped");
@@ -247,8 +264,13 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Tokenizes and checks a new job; a bad one is answered at once.
-    fn intake(&mut self, job: Job) {
+    /// Tokenizes and checks a new job, answered at once when bad; answers
+    /// a session save or restore.
+    fn intake(&mut self, work: Work) {
+        let job = match work {
+            Work::Generate(job) => job,
+            Work::Session(job) => return self.session_job(job),
+        };
         match self.prompt_tokens(&job) {
             Ok(tokens) => self.waiting.push_back(Waiting { job, tokens }),
             Err(e) => {
@@ -336,7 +358,21 @@ impl<'m> Engine<'m> {
     /// can be had.
     fn start_lane(&mut self, w: Waiting) -> Option<Lane<'m>> {
         let Waiting { job, tokens } = w;
-        let (cache, position, logits, points) = match self.prefix.take(&mut self.exec, &tokens) {
+        let from_file = match &job.session {
+            Some(name) => match self.session_start(name, &tokens) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = job.events.send(Event::Error(e));
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let reused = match from_file {
+            Some(r) => Some(r),
+            None => self.prefix.take(&mut self.exec, &tokens),
+        };
+        let (cache, position, logits, points) = match reused {
             Some(r) => (r.cache, r.position, r.logits, r.points),
             None => match self.fresh_cache() {
                 Ok(c) => (c, 0, None, Vec::new()),
@@ -368,6 +404,7 @@ impl<'m> Engine<'m> {
             recoveries: 0,
             last_token: None,
             outcome: None,
+            session: job.session.clone(),
             job,
         })
     }
@@ -547,6 +584,14 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let mut lane = self.lanes.swap_remove(i);
+            let mut saved = None;
+            if let (Some(Outcome::Finished(_)), Some(name)) = (&lane.outcome, &lane.session) {
+                if let Err(e) = self.save_into(name, &lane.cache, &lane.tokens) {
+                    lane.outcome = Some(Outcome::Failed(e));
+                } else {
+                    saved = Some(name.clone());
+                }
+            }
             let metrics = &self.shared.metrics;
             match lane.outcome.take() {
                 Some(Outcome::Finished(finish)) => {
@@ -571,6 +616,7 @@ impl<'m> Engine<'m> {
                     .then_some(lane.logits),
                 tokens: lane.tokens,
                 points: lane.points,
+                session: saved,
             });
             self.free.extend(freed);
         }
