@@ -1,14 +1,17 @@
 //! The engine thread: owns the executor, the model and every cache, and
 //! serves all requests.
 //!
-//! Continuous batching, round robin: each iteration takes in the jobs that
-//! arrived (tokenizing and checking them at once, so a bad prompt is
-//! answered without waiting for a slot), admits waiting jobs while fewer
-//! than `parallel` sequences run, then advances every running sequence by
-//! exactly one step: a prefill chunk (the model's chunk policy) or one
-//! decode token. Sequences join and leave between iterations, and a long
-//! prompt is prefilled one chunk per iteration while the others keep
-//! decoding. Each sequence has its own cache, so a failed step poisons
+//! Continuous batching: each iteration takes in the jobs that arrived
+//! (tokenizing and checking them at once, so a bad prompt is answered
+//! without waiting for a slot), admits waiting jobs while fewer than
+//! `parallel` sequences run, then advances every running sequence by
+//! exactly one step: the sequences that decode go together, up to
+//! `decode_batch` rows in one batch step (`Model::step_batch`: the weights
+//! read once, each row at its own sequence's position, each row's logits
+//! the bits its own step would give), and each sequence still prefilling
+//! takes one chunk (the model's chunk policy) on its own. Sequences join
+//! and leave between iterations, and a long prompt is prefilled one chunk
+//! per iteration while the others keep decoding. Each sequence has its own cache, so a failed step poisons
 //! only that sequence's cache (the transaction rules); the sequence is then
 //! reset and replayed once, and on a second failure its client gets an
 //! error. Finished sequences' caches go to the [`PrefixStore`]; with
@@ -109,6 +112,9 @@ pub struct EngineConfig {
     pub prefill_chunk: u32,
     /// Where sessions are saved (`--slots-dir`); `None`: sessions are off.
     pub slots_dir: Option<SlotsDir>,
+    /// Most decoding sequences stepped together (0: up to `parallel`);
+    /// capped where the model's batch rows stop being exact.
+    pub decode_batch: usize,
 }
 
 /// How a sequence ended.
@@ -172,6 +178,8 @@ struct Engine<'m> {
     waiting: VecDeque<Waiting>,
     shared: Arc<Shared>,
     slots: Option<SlotsDir>,
+    /// Most rows of a batch decode step (below 2: one sequence per step).
+    batch_limit: usize,
 }
 
 /// Runs the engine until `shared.stop` is set or every sender is gone.
@@ -205,6 +213,16 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         .unwrap_or_else(|| model.trained_context().min(4096))
         .max(2);
     let parallel = config.parallel.max(1);
+    let wanted = match config.decode_batch {
+        0 => parallel,
+        n => n.min(parallel),
+    };
+    let batch_limit = if model.check_finite() {
+        // The per-layer check probes one sequence's step.
+        1
+    } else {
+        model.exact_batch_limit(&exec, wanted).max(1)
+    };
     let mut engine = Engine {
         exec,
         model: &model,
@@ -221,10 +239,12 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         waiting: VecDeque::new(),
         shared: shared.clone(),
         slots: config.slots_dir,
+        batch_limit,
     };
     shared.set_health(Health::Ok);
     eprintln!(
-        "weft serve: model `{}` loaded; context {ctx} tokens, up to {parallel} sequences at once",
+        "weft serve: model `{}` loaded; context {ctx} tokens, up to {parallel} sequences at once, \
+         up to {batch_limit} decoding in one step",
         model.name
     );
     engine.serve(&jobs);
@@ -255,7 +275,10 @@ impl<'m> Engine<'m> {
             self.admit();
             for i in 0..self.lanes.len() {
                 self.check_client(i);
-                if self.lanes[i].outcome.is_none() {
+            }
+            let batched = self.decode_together();
+            for i in 0..self.lanes.len() {
+                if self.lanes[i].outcome.is_none() && !batched.contains(&i) {
                     self.advance(i);
                 }
             }
@@ -502,6 +525,57 @@ impl<'m> Engine<'m> {
         if lane.pending.is_empty() {
             self.sample_and_send(i);
         }
+    }
+
+    /// Steps the sequences that decode (nothing to prefill, a sampled token
+    /// to embed) in batch steps of up to `batch_limit` rows and sends each
+    /// its next token; returns the lanes it stepped. With fewer than two
+    /// such sequences, or batching off, steps none.
+    fn decode_together(&mut self) -> Vec<usize> {
+        let ready: Vec<usize> = (0..self.lanes.len())
+            .filter(|&i| {
+                let l = &self.lanes[i];
+                l.outcome.is_none() && l.pending.is_empty() && l.to_step.is_some()
+            })
+            .collect();
+        if self.batch_limit < 2 || ready.len() < 2 {
+            return Vec::new();
+        }
+        for group in ready.chunks(self.batch_limit) {
+            let tokens: Vec<u32> = group
+                .iter()
+                .filter_map(|&i| self.lanes[i].to_step)
+                .collect();
+            let caches: Vec<&mut KvCache> = self
+                .lanes
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| group.contains(i))
+                .map(|(_, l)| &mut l.cache)
+                .collect();
+            match self.model.step_batch(&mut self.exec, caches, &tokens) {
+                Ok(logits) => {
+                    let m = &self.shared.metrics;
+                    Metrics::add(&m.batch_steps, 1);
+                    Metrics::add(&m.batch_rows, group.len() as u64);
+                    let vocab = logits.len() / group.len();
+                    for (row, &i) in logits.chunks_exact(vocab).zip(group) {
+                        let lane = &mut self.lanes[i];
+                        lane.tokens.extend(lane.to_step.take());
+                        lane.logits = row.to_vec();
+                        self.sample_and_send(i);
+                    }
+                }
+                Err(e) => {
+                    // The transaction poisoned every lane of the batch.
+                    let why = e.to_string();
+                    for &i in group {
+                        self.recover(i, &why);
+                    }
+                }
+            }
+        }
+        ready
     }
 
     /// A failed step poisoned sequence `i`'s cache: reset and replay it

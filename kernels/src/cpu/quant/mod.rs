@@ -158,6 +158,20 @@ pub fn quantize_activations_with(
     }
 }
 
+/// Whether a matmul of `batch` activation rows over `wdtype` weights of
+/// `weight_rows` rows of `k` elements sums every activation row in the
+/// order a one-row call sums it: then one step over the rows of `batch`
+/// independent sequences gives each of them the bits it gets alone. True
+/// for every 32-element format; for Q4_K and Q6_K only below the batch
+/// sizes where llama.cpp switches kernels ([`DotOrder::of`]), and for
+/// float weights only where tinyBLAS takes neither call.
+pub fn batch_keeps_row_order(wdtype: DType, weight_rows: usize, k: usize, batch: usize) -> bool {
+    let alone = DotOrder::of(wdtype, weight_rows, 1, 0);
+    float_gemm::applies(wdtype, k, weight_rows, batch)
+        == float_gemm::applies(wdtype, k, weight_rows, 1)
+        && (0..batch).all(|t| DotOrder::of(wdtype, weight_rows, batch, t) == alone)
+}
+
 /// `w_row . act_row`, where `act_row` is in `vec_dot_type(wdtype)` format,
 /// in ggml's `vec_dot` order ([`DotOrder::VecDot`]; a matmul may sum Q4_K
 /// and Q6_K products in another order, see [`DotOrder::of`]).
