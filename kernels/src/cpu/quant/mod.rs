@@ -378,4 +378,24 @@ mod tests {
             assert_eq!(block32_bytes(d), Some(d.block_bytes()));
         }
     }
+
+    #[test]
+    fn batches_keep_row_order_where_llama_cpp_keeps_its_kernel() {
+        let keeps = |d, rows, k, b| batch_keeps_row_order(d, rows, k, b);
+        for d in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+            assert!(keeps(d, 576, 576, 64), "{d}");
+        }
+        // Q4_K with rows a multiple of 8: gemv alone, gemm from 4 rows.
+        assert!(keeps(DType::Q4_K, 896, 256, 3));
+        assert!(!keeps(DType::Q4_K, 896, 256, 4));
+        // Q4_K otherwise and Q6_K: vec_dot below 8 rows, tiled from 8.
+        assert!(keeps(DType::Q4_K, 900, 256, 7));
+        assert!(!keeps(DType::Q4_K, 900, 256, 8));
+        assert!(keeps(DType::Q6_K, 896, 256, 7));
+        assert!(!keeps(DType::Q6_K, 896, 256, 8));
+        // Plain floats: tinyBLAS from 2 rows, unless the shape rules it out.
+        assert!(keeps(DType::F16, 896, 256, 1));
+        assert!(!keeps(DType::F16, 896, 256, 2));
+        assert!(keeps(DType::F32, 898, 256, 16));
+    }
 }
