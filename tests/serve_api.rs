@@ -186,8 +186,9 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
         other => panic!("curl failed: {other:?}"),
     }
 
-    // Concurrency: every prompt alone, then all eight at once, streaming;
-    // each client gets exactly its solo tokens.
+    // Concurrency: every prompt alone, then all eight at once, streaming
+    // (up to four sequences decoding in one batch step); each client gets
+    // exactly its solo tokens.
     let solo: Vec<(String, usize, String)> = PROMPTS
         .iter()
         .map(|p| stream_completion(&server, p, 16))
@@ -214,6 +215,12 @@ fn serve_openai_endpoints_streaming_and_concurrency() {
         "{metrics}"
     );
     assert!(metric(&metrics, "weft_time_to_first_token_seconds_count") >= 8.0);
+    // The concurrent streams decoded in batch steps (each row its own
+    // sequence), and still got their solo tokens.
+    assert!(
+        metric(&metrics, "weft_batch_rows_total") >= 2.0,
+        "{metrics}"
+    );
     wait_for("an idle engine", || {
         metric(&get(&server, "/metrics").body, "weft_batch_size") == 0.0
     });

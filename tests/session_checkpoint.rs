@@ -74,8 +74,9 @@ fn a_loaded_session_decodes_like_the_uninterrupted_run() {
     let (mut cache, logits) = prefilled(&mut exec, &model, CONTEXT, &ids);
     let first = argmax(&logits) as u32;
     let info = model
-        .save_session(&mut exec, &cache, &path)
+        .save_session(&mut exec, &cache, &ids, &path)
         .expect("save the session");
+    assert_eq!(info.tokens, ids);
     assert_eq!(info.position as usize, ids.len());
     assert_eq!(info.file_bytes, std::fs::metadata(&path).unwrap().len());
     let (want_logits, want) = continue_greedy(&mut exec, &model, &mut cache, first);
@@ -134,7 +135,9 @@ fn a_deepseek4_session_saved_inside_compressor_windows_continues_exactly() {
         .step(&mut exec, &mut cache, &prompt[..41], LogitRows::Last)
         .expect("prefill");
     let first = argmax(&logits) as u32;
-    model.save_session(&mut exec, &cache, &path).expect("save");
+    model
+        .save_session(&mut exec, &cache, &prompt[..41], &path)
+        .expect("save");
     let decode = |exec: &mut GraphExecutor, cache: &mut KvCache| -> Vec<Vec<f32>> {
         let mut t = first;
         (0..12)
@@ -175,7 +178,9 @@ impl Refusals {
         let ids = model.tokenizer.encode("A saved prompt of a few words.");
         let (cache, _) = prefilled(&mut exec, &model, CONTEXT, &ids);
         let good = dir.path("good.weftkv");
-        model.save_session(&mut exec, &cache, &good).expect("save");
+        model
+            .save_session(&mut exec, &cache, &ids, &good)
+            .expect("save");
         let bytes = std::fs::read(&good).unwrap();
         let other = model.tokenizer.encode("The target holds this sequence.");
         let (target, _) = prefilled(&mut exec, &model, CONTEXT, &other);
@@ -229,7 +234,7 @@ fn a_session_of_another_model_identity_is_refused() {
     let foreign = r.dir.path("foreign.weftkv");
     let other = ModelIdentity::from_parts(&[b"another model's GGUF digest"]);
     cache
-        .save_checkpoint(&mut r.exec, &other, &foreign)
+        .save_checkpoint(&mut r.exec, &other, &ids, &foreign)
         .expect("save");
     r.refused_at(&foreign, &["written for model", &other.short()]);
 }
@@ -270,4 +275,11 @@ fn damaged_and_inconsistent_sessions_are_refused_and_change_nothing() {
     // A layer count that would allocate a huge table.
     let b = resealed(&|b| put(b, 52, u32::MAX));
     r.refused(&b, &["field `layer count`"]);
+    // A listed token outside the vocabulary (the last one, before the checksum).
+    let vocab = r.model.vocab() as u32;
+    let b = resealed(&|b| {
+        let at = b.len() - 36;
+        put(b, at, vocab)
+    });
+    r.refused(&b, &["outside the vocabulary", &vocab.to_string()]);
 }

@@ -21,23 +21,27 @@ impl Model {
         model_identity(self.gguf_digest(), &self.arch, cache)
     }
 
-    /// Saves `cache` (a cache of this model) to `path`, atomically. The
-    /// file loads back with [`Model::load_session`] into a cache of the
-    /// same model and layout, and decoding continues exactly as it would
-    /// have. A poisoned cache is refused.
+    /// Saves `cache` (a cache of this model) to `path`, atomically, with
+    /// `tokens`, the token at each of its positions (or none). The file
+    /// loads back with [`Model::load_session`] into a cache of the same
+    /// model and layout, and decoding continues exactly as it would have.
+    /// A poisoned cache is refused.
     pub fn save_session(
         &self,
         exec: &mut GraphExecutor,
         cache: &KvCache,
+        tokens: &[u32],
         path: &Path,
     ) -> Result<CheckpointInfo, ModelError> {
         let identity = self.identity(cache.config());
-        Ok(cache.save_checkpoint(exec, &identity, path)?)
+        Ok(cache.save_checkpoint(exec, &identity, tokens, path)?)
     }
 
-    /// Replaces what `cache` holds by the sequence saved at `path`. A file
-    /// of another model or layout, or one that is damaged or inconsistent,
-    /// is refused with the reason and leaves `cache` as it was.
+    /// Replaces what `cache` holds by the sequence saved at `path`, and
+    /// returns its token list (empty if it was saved without one). A file
+    /// of another model or layout, or one that is damaged or inconsistent
+    /// (a listed token outside the vocabulary, too), is refused with the
+    /// reason and leaves `cache` as it was.
     pub fn load_session(
         &self,
         exec: &mut GraphExecutor,
@@ -45,6 +49,7 @@ impl Model {
         path: &Path,
     ) -> Result<CheckpointInfo, ModelError> {
         let identity = self.identity(cache.config());
-        Ok(cache.load_checkpoint(exec, &identity, path)?)
+        let vocab = u32::try_from(self.vocab()).unwrap_or(u32::MAX);
+        Ok(cache.load_checkpoint(exec, &identity, vocab, path)?)
     }
 }

@@ -128,6 +128,19 @@ impl GraphExecutor {
         &self.config
     }
 
+    /// Whether a matmul over `w` of `batch` activation rows gives every
+    /// row the bits a one-row matmul gives it on this device, so that rows
+    /// of independent sequences can share one step. The CPU answers from
+    /// its kernels' float orders; other devices answer false.
+    pub fn batch_keeps_row_order(&self, w: &weft_ops::Tensor, batch: usize) -> bool {
+        match self.device {
+            Device::Cpu => {
+                weft_kernels::cpu::quant::batch_keeps_row_order(w.dtype, w.rows(), w.cols(), batch)
+            }
+            _ => false,
+        }
+    }
+
     /// Changes scheduling settings (threads are fixed at creation).
     pub fn config_mut(&mut self) -> &mut ExecutorConfig {
         &mut self.config

@@ -15,6 +15,8 @@ use weft_runtime::cache::{
 use weft_runtime::GraphExecutor;
 
 const CONTEXT: u32 = 64;
+/// The tiny model's vocabulary (`TinyConfig::small`).
+const VOCAB: u32 = 96;
 const CHUNK: u32 = 8;
 
 /// A scratch directory per test.
@@ -47,7 +49,7 @@ fn round_trip_gives_identical_next_token_logits() {
     let mut exec = executor();
     let (m, mut cache) = filled(&mut exec);
     let id = identity(&m.config);
-    let info = cache.save_checkpoint(&mut exec, &id, &path).unwrap();
+    let info = cache.save_checkpoint(&mut exec, &id, &[], &path).unwrap();
     assert_eq!(info.position, 25);
     assert_eq!(info.file_bytes, std::fs::metadata(&path).unwrap().len());
     let next = tokens(10, 3, m.config.vocab);
@@ -57,7 +59,9 @@ fn round_trip_gives_identical_next_token_logits() {
     let mut exec2 = executor();
     let m2 = Tiny::new(&mut exec2, TinyConfig::small()).unwrap();
     let mut loaded = m2.new_cache(&mut exec2, CONTEXT, CHUNK).unwrap();
-    let info2 = loaded.load_checkpoint(&mut exec2, &id, &path).unwrap();
+    let info2 = loaded
+        .load_checkpoint(&mut exec2, &id, u32::MAX, &path)
+        .unwrap();
     assert_eq!(info2, info);
     assert_eq!(loaded.position(), 25);
     let got = m2.decode_all(&mut exec2, &mut loaded, &next).unwrap();
@@ -67,14 +71,24 @@ fn round_trip_gives_identical_next_token_logits() {
 
     // Back into the original cache, which moved on and got poisoned.
     cache.poison("test");
-    cache.load_checkpoint(&mut exec, &id, &path).unwrap();
+    cache
+        .load_checkpoint(&mut exec, &id, u32::MAX, &path)
+        .unwrap();
     assert!(!cache.is_poisoned());
     let again = m.decode(&mut exec, &mut cache, next[0]).unwrap();
     assert_same_bits(&again, &want[0], "reloaded into the original cache");
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// A saved checkpoint and a target cache holding another sequence.
+/// The tokens `filled` runs: its prompt, then its decode steps.
+fn filled_tokens(vocab: usize) -> Vec<u32> {
+    let mut t = tokens(19, 1, vocab);
+    t.extend(tokens(6, 2, vocab));
+    t
+}
+
+/// A saved checkpoint (with its token list) and a target cache holding
+/// another sequence.
 struct Refusals {
     exec: GraphExecutor,
     model: Tiny,
@@ -92,7 +106,11 @@ impl Refusals {
         let mut exec = executor();
         let (model, cache) = filled(&mut exec);
         let id = identity(&model.config);
-        cache.save_checkpoint(&mut exec, &id, &good).unwrap();
+        let listed = filled_tokens(model.config.vocab);
+        let info = cache
+            .save_checkpoint(&mut exec, &id, &listed, &good)
+            .unwrap();
+        assert_eq!(info.tokens, listed);
         let bytes = std::fs::read(&good).unwrap();
         let mut target = model.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
         let prompt = tokens(5, 9, model.config.vocab);
@@ -119,7 +137,7 @@ impl Refusals {
         std::fs::write(&path, bytes).unwrap();
         let exec = &mut self.exec;
         let before = self.target.export(exec).unwrap();
-        let msg = assert_err_contains(self.target.load_checkpoint(exec, id, &path), needles);
+        let msg = assert_err_contains(self.target.load_checkpoint(exec, id, VOCAB, &path), needles);
         assert!(
             msg.contains("KV checkpoint") && msg.contains("bad.weftkv"),
             "{msg}"
@@ -163,7 +181,7 @@ fn damaged_files_are_refused_and_change_nothing() {
     let b = r.edited(|b| b[0] = b'X');
     r.refused(&b, &id, &["not a weft KV checkpoint", "magic"]);
     let b = r.edited(|b| b[8..12].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes()));
-    r.refused(&b, &id, &["format version 2", "reads version 1"]);
+    r.refused(&b, &id, &["format version 3", "reads versions 1 to 2"]);
     let b = r.edited(|b| b[len - 100] ^= 0x40);
     r.refused(&b, &id, &["checksum mismatch"]);
     let b = r.edited(|b| b[len - 1] ^= 1);
@@ -184,7 +202,7 @@ fn foreign_files_are_refused_and_change_nothing() {
     );
     let missing = r.dir.join("missing");
     let msg = assert_err_contains(
-        r.target.load_checkpoint(&mut r.exec, &id, &missing),
+        r.target.load_checkpoint(&mut r.exec, &id, VOCAB, &missing),
         &["cannot read"],
     );
     assert!(msg.contains("missing"), "{msg}");
@@ -198,7 +216,7 @@ fn foreign_files_are_refused_and_change_nothing() {
     };
     let mut other_layout = KvCache::new(exec, two_layers).unwrap();
     let msg = assert_err_contains(
-        other_layout.load_checkpoint(exec, &id, &r.good),
+        other_layout.load_checkpoint(exec, &id, VOCAB, &r.good),
         &["does not fit this cache"],
     );
     assert!(msg.contains("layers"), "{msg}");
@@ -207,7 +225,7 @@ fn foreign_files_are_refused_and_change_nothing() {
     // larger than any checkpoint of that cache, refused before reading.
     let mut short = m.new_cache(exec, 16, CHUNK).unwrap();
     assert_err_contains(
-        short.load_checkpoint(exec, &id, &r.good),
+        short.load_checkpoint(exec, &id, VOCAB, &r.good),
         &["more than the", "context 16"],
     );
     assert_eq!(short.position(), 0);
@@ -215,7 +233,7 @@ fn foreign_files_are_refused_and_change_nothing() {
     let mut p = m.new_cache(exec, CONTEXT, CHUNK).unwrap();
     p.poison("test");
     let path = r.dir.join("poisoned.weftkv");
-    assert_err_contains(p.save_checkpoint(exec, &id, &path), &["poisoned"]);
+    assert_err_contains(p.save_checkpoint(exec, &id, &[], &path), &["poisoned"]);
     assert!(!path.exists());
 }
 
@@ -228,10 +246,16 @@ fn images_round_trip_in_memory() {
     assert_eq!(image.position(), 25);
     // Full layers hold 25 rows, the windowed one its last 5: (2*25 + 5) rows of K and V.
     assert_eq!(image.bytes(), (2 * 25 + 5) * 2 * 64);
-    let bytes = image.to_checkpoint_bytes(&id);
+    let listed = filled_tokens(m.config.vocab);
+    let bytes = image.to_checkpoint_bytes(&id, &listed);
     assert_eq!(
         CacheImage::from_checkpoint_bytes(&bytes, &id).unwrap(),
-        image
+        (image.clone(), listed)
+    );
+    let bytes = image.to_checkpoint_bytes(&id, &[]);
+    assert_eq!(
+        CacheImage::from_checkpoint_bytes(&bytes, &id).unwrap(),
+        (image, Vec::new())
     );
     let a = ModelIdentity::from_parts(&[b"ab", b"c"]);
     let b = ModelIdentity::from_parts(&[b"a", b"bc"]);
@@ -275,6 +299,9 @@ fn inconsistent_fields_with_a_valid_checksum_are_refused_and_change_nothing() {
     let position = get_u32(&r.bytes, POSITION);
     assert_eq!(position, 25);
     let payload_at = LAYER_TABLE + 12 * layers;
+    // The token list: its count, then one id per position, before the checksum.
+    let count_at = r.bytes.len() - 32 - 4 * position as usize - 4;
+    assert_eq!(get_u32(&r.bytes, count_at), position);
     // The untouched file, resealed, still loads: the edits below are what is refused.
     let same = resealed(r.bytes.clone());
     assert_eq!(same, r.bytes);
@@ -355,16 +382,60 @@ fn inconsistent_fields_with_a_valid_checksum_are_refused_and_change_nothing() {
             resealed(r.edited(|b| {
                 let p = u64::from_le_bytes(b[payload_at..payload_at + 8].try_into().unwrap());
                 b[payload_at..payload_at + 8].copy_from_slice(&(p + 2).to_le_bytes());
-                let at = b.len() - 32;
-                b.splice(at..at, [0u8, 0]);
+                b.splice(count_at..count_at, [0u8, 0]);
             })),
             vec!["field `payload bytes` is", "the layer table needs"],
+        ),
+        (
+            "a token count that is neither 0 nor the position",
+            resealed(r.edited(|b| {
+                put_u32(b, count_at, position - 1);
+                b.drain(count_at + 4..count_at + 8);
+            })),
+            vec!["field `token count` is 24", "field `position` = 25"],
+        ),
+        (
+            "a token count past the file",
+            resealed(r.edited(|b| put_u32(b, count_at, u32::MAX))),
+            vec!["truncated", "field `token count` = 4294967295"],
+        ),
+        (
+            "a token outside the vocabulary",
+            resealed(r.edited(|b| put_u32(b, count_at + 4 + 4 * 7, VOCAB))),
+            vec!["token 7 is id 96", "outside the vocabulary of 96"],
         ),
     ];
     for (what, bytes, needles) in cases {
         eprintln!("case: {what}");
         r.refused(&bytes, &id, &needles);
     }
+}
+
+#[test]
+fn version_1_files_without_a_token_list_still_load() {
+    let mut r = Refusals::new("version-1");
+    let position = get_u32(&r.bytes, POSITION);
+    let count_at = r.bytes.len() - 32 - 4 * position as usize - 4;
+    let v1 = resealed(r.edited(|b| {
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b.drain(count_at..b.len() - 32);
+    }));
+    let path = r.dir.join("v1.weftkv");
+    std::fs::write(&path, &v1).unwrap();
+    let info = r
+        .target
+        .load_checkpoint(&mut r.exec, &r.id, VOCAB, &path)
+        .unwrap();
+    assert_eq!((info.position, info.tokens.len()), (position, 0));
+    let from_v2 = {
+        let mut c = r.model.new_cache(&mut r.exec, CONTEXT, CHUNK).unwrap();
+        let info = c
+            .load_checkpoint(&mut r.exec, &r.id, VOCAB, &r.good)
+            .unwrap();
+        assert_eq!(info.tokens, filled_tokens(r.model.config.vocab));
+        c.export(&mut r.exec).unwrap()
+    };
+    assert_eq!(r.target.export(&mut r.exec).unwrap(), from_v2);
 }
 
 #[test]
@@ -407,7 +478,7 @@ fn the_bound_is_the_size_of_a_full_cache() {
     m.prefill(&mut exec, &mut c, &prompt, &ChunkPolicy::single(CHUNK))
         .unwrap();
     let info = c
-        .save_checkpoint(&mut exec, &identity(&m.config), &path)
+        .save_checkpoint(&mut exec, &identity(&m.config), &prompt, &path)
         .unwrap();
     assert_eq!(info.position, CONTEXT);
     assert_eq!(info.file_bytes, checkpoint_bound(c.config()));
@@ -421,15 +492,15 @@ fn saves_leave_no_temporary_files() {
     let (m, cache) = filled(&mut exec);
     let id = identity(&m.config);
     let path = dir.join("seq.weftkv");
-    cache.save_checkpoint(&mut exec, &id, &path).unwrap();
-    cache.save_checkpoint(&mut exec, &id, &path).unwrap();
+    cache.save_checkpoint(&mut exec, &id, &[], &path).unwrap();
+    cache.save_checkpoint(&mut exec, &id, &[], &path).unwrap();
     // A save that cannot rename (the target is a directory) fails, names
     // the path and leaves nothing behind.
     let taken = dir.join("taken");
     std::fs::create_dir(&taken).unwrap();
     std::fs::write(taken.join("inside"), b"x").unwrap();
     let msg = assert_err_contains(
-        cache.save_checkpoint(&mut exec, &id, &taken),
+        cache.save_checkpoint(&mut exec, &id, &[], &taken),
         &["KV checkpoint", "rename", "taken"],
     );
     let mut names: Vec<String> = std::fs::read_dir(&dir)

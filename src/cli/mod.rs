@@ -11,6 +11,7 @@ mod prefill;
 mod progress;
 mod run;
 mod serve;
+mod session;
 mod synth_model;
 mod tokenize;
 mod values;

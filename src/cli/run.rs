@@ -2,12 +2,14 @@
 
 use super::diagnostics::DiagArgs;
 use super::output::Stdout;
+use super::session::Session;
 use super::values;
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::time::Instant;
 use weft::models::sampling::{Sampler, SamplingParams};
+use weft::models::tokenizer::EncodeOptions;
 use weft::models::LogitRows;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -85,6 +87,13 @@ pub struct RunArgs {
     /// without it only the logits are checked).
     #[arg(long)]
     check_finite: bool,
+    /// Continue the conversation saved in FILE (a KV checkpoint with its
+    /// tokens) and save it back after generating: the prompt is appended to
+    /// the saved tokens (without a BOS) and only it is prefilled. FILE is
+    /// created when missing; a file of another model, or a damaged one, is
+    /// refused and left as it was.
+    #[arg(long, value_name = "FILE", conflicts_with = "chat")]
+    session: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -92,10 +101,23 @@ pub fn run(a: RunArgs) -> Result<()> {
     let (mut exec, model) = a.model.load()?;
     model.set_check_finite(a.check_finite || cfg!(debug_assertions));
     let chat = a.chat.prompt(&model, a.prompt.as_deref())?;
+    let ctx = a.ctx.unwrap_or_else(|| model.trained_context().min(4096));
+    let policy = a.model.chunk_policy(&model)?;
+    let mut cache = model.new_cache(&mut exec, ctx, policy.max_chunk())?;
+    let session = match &a.session {
+        Some(path) => Some(Session::open(&mut exec, &model, &mut cache, path)?),
+        None => None,
+    };
+    let resumed = session.as_ref().is_some_and(Session::resumed);
+    // A continued conversation has its BOS already.
+    let encode = EncodeOptions {
+        add_special: !resumed,
+        ..EncodeOptions::default()
+    };
     let prompt = match (&a.prompt_ids, &a.prompt, &chat) {
         (Some(ids), _, _) => ids.clone(),
         (None, Some(_), Some(c)) => c.ids.clone(),
-        (None, Some(text), None) => model.tokenizer.encode(text),
+        (None, Some(text), None) => model.tokenizer.encode_with(text, encode),
         (None, None, _) => bail!("give the prompt as --prompt TEXT or --prompt-ids 1,2,3"),
     };
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= model.vocab()) {
@@ -107,13 +129,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization; give some text");
     }
-    let ctx = a.ctx.unwrap_or_else(|| model.trained_context().min(4096));
-    let needed = prompt.len().checked_add(a.n);
+    let saved = cache.position() as usize;
+    let needed = prompt
+        .len()
+        .checked_add(a.n)
+        .and_then(|n| n.checked_add(saved));
     if needed.is_none_or(|n| n > ctx as usize) {
+        if saved > 0 {
+            bail!("the session's {saved} tokens, the prompt ({} tokens) and {} generated tokens exceed the context of {ctx} tokens (use --ctx, a smaller -n or a new session)", prompt.len(), a.n);
+        }
         bail!("the prompt ({} tokens) plus {} generated tokens exceed the context of {ctx} tokens (use --ctx or a smaller -n)", prompt.len(), a.n);
     }
-    let policy = a.model.chunk_policy(&model)?;
-    let mut cache = model.new_cache(&mut exec, ctx, policy.max_chunk())?;
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -152,7 +178,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         logits.drain(..logits.len() - vocab);
     }
     let prompt_time = t0.elapsed();
-    let mut history = prompt.clone();
+    let mut history = session.as_ref().map_or_else(Vec::new, |s| s.tokens.clone());
+    history.extend_from_slice(&prompt);
     let mut generated = Vec::new();
     let mut text = String::new();
     let mut decoder = model.tokenizer.stream_decoder(false);
@@ -221,6 +248,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let gen_time = t1.elapsed();
     drop(out);
     diag.finish(&mut exec)?;
+    if let Some(session) = &session {
+        session.save(&mut exec, &model, &mut cache, &policy, &history)?;
+    }
     let mut out = Stdout::lock();
     match a.format {
         Format::Text => out.line("")?,

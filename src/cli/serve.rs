@@ -45,6 +45,16 @@ pub struct ServeArgs {
     /// takes several rounds, the others decoding in between).
     #[arg(long, default_value_t = 512)]
     prefill_chunk: u32,
+    /// Most decoding sequences stepped together in one batch step (0: up
+    /// to --parallel; 1: one sequence per step). Capped where the model's
+    /// weights would sum batch rows in another order than single rows.
+    #[arg(long, default_value_t = 0)]
+    decode_batch: usize,
+    /// Save and restore sessions (a sequence's KV cache and tokens) as
+    /// files in DIR: a request's `session` field continues from and saves
+    /// into DIR/NAME; `POST /v1/sessions/NAME/save|restore`.
+    #[arg(long, value_name = "DIR")]
+    slots_dir: Option<std::path::PathBuf>,
     /// The model id served (default: the model file's name without `.gguf`).
     #[arg(long)]
     alias: Option<String>,
@@ -107,6 +117,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ctx: a.ctx,
             keep: a.keep,
             prefill_chunk: a.prefill_chunk,
+            decode_batch: a.decode_batch,
+            slots_dir: a
+                .slots_dir
+                .as_deref()
+                .map(weft::serve::slots::SlotsDir::new)
+                .transpose()?,
         },
     };
     let model_args = a.model;

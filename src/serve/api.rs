@@ -27,6 +27,8 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<usize>,
+    /// A session name (`--slots-dir`): continue from it and save into it.
+    pub session: Option<String>,
 }
 
 /// `POST /v1/completions`.
@@ -40,6 +42,8 @@ pub struct CompletionRequest {
     pub logprobs: Option<usize>,
     #[serde(default)]
     pub echo: bool,
+    /// A session name (`--slots-dir`): continue from it and save into it.
+    pub session: Option<String>,
 }
 
 /// The generation fields both endpoints share.

@@ -1,24 +1,32 @@
 //! The engine thread: owns the executor, the model and every cache, and
 //! serves all requests.
 //!
-//! Continuous batching, round robin: each iteration takes in the jobs that
-//! arrived (tokenizing and checking them at once, so a bad prompt is
-//! answered without waiting for a slot), admits waiting jobs while fewer
-//! than `parallel` sequences run, then advances every running sequence by
-//! exactly one step: a prefill chunk (the model's chunk policy) or one
-//! decode token. Sequences join and leave between iterations, and a long
-//! prompt is prefilled one chunk per iteration while the others keep
-//! decoding. Each sequence has its own cache, so a failed step poisons
+//! Continuous batching: each iteration takes in the jobs that arrived
+//! (tokenizing and checking them at once, so a bad prompt is answered
+//! without waiting for a slot), admits waiting jobs while fewer than
+//! `parallel` sequences run, then advances every running sequence by
+//! exactly one step: the sequences that decode go together, up to
+//! `decode_batch` rows in one batch step (`Model::step_batch`: the weights
+//! read once, each row at its own sequence's position, each row's logits
+//! the bits its own step would give), and each sequence still prefilling
+//! takes one chunk (the model's chunk policy) on its own. Sequences join
+//! and leave between iterations, and a long prompt is prefilled one chunk
+//! per iteration while the others keep decoding. Each sequence has its own cache, so a failed step poisons
 //! only that sequence's cache (the transaction rules); the sequence is then
 //! reset and replayed once, and on a second failure its client gets an
-//! error. Finished sequences' caches go to the [`PrefixStore`].
+//! error. Finished sequences' caches go to the [`PrefixStore`]; with
+//! `--slots-dir`, a request that names a session continues from its file
+//! and saves into it (`sessions.rs`).
+
+mod sessions;
 
 use super::error::ApiError;
-use super::job::{Event, FinishReason, GenParams, Job, PromptSource};
+use super::job::{Event, FinishReason, GenParams, Job, PromptSource, Work};
 use super::logprobs::token_logprob;
 use super::metrics::Metrics;
 use super::prefix::{KeptSequence, PrefixStore, ResumePoint};
 use super::prompt::ChatPrompt;
+use super::slots::SlotsDir;
 use super::text::StopText;
 use crate::models::sampling::Sampler;
 use crate::models::{LogitRows, Model};
@@ -102,6 +110,11 @@ pub struct EngineConfig {
     /// Largest prefill chunk (tokens) a sequence takes per round, below
     /// the model's chunk policy, so a long prompt yields to the others.
     pub prefill_chunk: u32,
+    /// Where sessions are saved (`--slots-dir`); `None`: sessions are off.
+    pub slots_dir: Option<SlotsDir>,
+    /// Most decoding sequences stepped together (0: up to `parallel`);
+    /// capped where the model's batch rows stop being exact.
+    pub decode_batch: usize,
 }
 
 /// How a sequence ended.
@@ -138,6 +151,8 @@ struct Lane<'m> {
     recoveries: u32,
     last_token: Option<Instant>,
     outcome: Option<Outcome>,
+    /// The session this sequence saves into when it finishes.
+    session: Option<String>,
 }
 
 /// A checked job waiting for a sequence slot.
@@ -162,10 +177,13 @@ struct Engine<'m> {
     lanes: Vec<Lane<'m>>,
     waiting: VecDeque<Waiting>,
     shared: Arc<Shared>,
+    slots: Option<SlotsDir>,
+    /// Most rows of a batch decode step (below 2: one sequence per step).
+    batch_limit: usize,
 }
 
 /// Runs the engine until `shared.stop` is set or every sender is gone.
-pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Receiver<Job>) {
+pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Receiver<Work>) {
     let (exec, model, policy) = match loader() {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -174,11 +192,17 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
             shared.set_health(Health::Degraded(why.clone()));
             // Answer whatever arrives until the server stops.
             while !shared.stop.load(Ordering::Relaxed) {
-                if let Ok(job) = jobs.recv_timeout(Duration::from_millis(100)) {
-                    shared.queued.fetch_sub(1, Ordering::Relaxed);
-                    let _ = job
-                        .events
-                        .send(Event::Error(ApiError::unavailable(why.clone(), 60)));
+                match jobs.recv_timeout(Duration::from_millis(100)) {
+                    Ok(Work::Generate(job)) => {
+                        shared.queued.fetch_sub(1, Ordering::Relaxed);
+                        let _ = job
+                            .events
+                            .send(Event::Error(ApiError::unavailable(why.clone(), 60)));
+                    }
+                    Ok(Work::Session(job)) => {
+                        let _ = job.reply.send(Err(ApiError::unavailable(why.clone(), 60)));
+                    }
+                    Err(_) => {}
                 }
             }
             return;
@@ -189,6 +213,16 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         .unwrap_or_else(|| model.trained_context().min(4096))
         .max(2);
     let parallel = config.parallel.max(1);
+    let wanted = match config.decode_batch {
+        0 => parallel,
+        n => n.min(parallel),
+    };
+    let batch_limit = if model.check_finite() {
+        // The per-layer check probes one sequence's step.
+        1
+    } else {
+        model.exact_batch_limit(&exec, wanted).max(1)
+    };
     let mut engine = Engine {
         exec,
         model: &model,
@@ -204,17 +238,20 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         lanes: Vec::new(),
         waiting: VecDeque::new(),
         shared: shared.clone(),
+        slots: config.slots_dir,
+        batch_limit,
     };
     shared.set_health(Health::Ok);
     eprintln!(
-        "weft serve: model `{}` loaded; context {ctx} tokens, up to {parallel} sequences at once",
+        "weft serve: model `{}` loaded; context {ctx} tokens, up to {parallel} sequences at once, \
+         up to {batch_limit} decoding in one step",
         model.name
     );
     engine.serve(&jobs);
 }
 
 impl<'m> Engine<'m> {
-    fn serve(&mut self, jobs: &Receiver<Job>) {
+    fn serve(&mut self, jobs: &Receiver<Work>) {
         loop {
             if self.shared.stop.load(Ordering::Relaxed) {
                 self.cancel_everything("the server stopped");
@@ -238,7 +275,10 @@ impl<'m> Engine<'m> {
             self.admit();
             for i in 0..self.lanes.len() {
                 self.check_client(i);
-                if self.lanes[i].outcome.is_none() {
+            }
+            let batched = self.decode_together();
+            for i in 0..self.lanes.len() {
+                if self.lanes[i].outcome.is_none() && !batched.contains(&i) {
                     self.advance(i);
                 }
             }
@@ -247,8 +287,13 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Tokenizes and checks a new job; a bad one is answered at once.
-    fn intake(&mut self, job: Job) {
+    /// Tokenizes and checks a new job, answered at once when bad; answers
+    /// a session save or restore.
+    fn intake(&mut self, work: Work) {
+        let job = match work {
+            Work::Generate(job) => job,
+            Work::Session(job) => return self.session_job(job),
+        };
         match self.prompt_tokens(&job) {
             Ok(tokens) => self.waiting.push_back(Waiting { job, tokens }),
             Err(e) => {
@@ -336,7 +381,21 @@ impl<'m> Engine<'m> {
     /// can be had.
     fn start_lane(&mut self, w: Waiting) -> Option<Lane<'m>> {
         let Waiting { job, tokens } = w;
-        let (cache, position, logits, points) = match self.prefix.take(&mut self.exec, &tokens) {
+        let from_file = match &job.session {
+            Some(name) => match self.session_start(name, &tokens) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = job.events.send(Event::Error(e));
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let reused = match from_file {
+            Some(r) => Some(r),
+            None => self.prefix.take(&mut self.exec, &tokens),
+        };
+        let (cache, position, logits, points) = match reused {
             Some(r) => (r.cache, r.position, r.logits, r.points),
             None => match self.fresh_cache() {
                 Ok(c) => (c, 0, None, Vec::new()),
@@ -368,6 +427,7 @@ impl<'m> Engine<'m> {
             recoveries: 0,
             last_token: None,
             outcome: None,
+            session: job.session.clone(),
             job,
         })
     }
@@ -467,6 +527,57 @@ impl<'m> Engine<'m> {
         }
     }
 
+    /// Steps the sequences that decode (nothing to prefill, a sampled token
+    /// to embed) in batch steps of up to `batch_limit` rows and sends each
+    /// its next token; returns the lanes it stepped. With fewer than two
+    /// such sequences, or batching off, steps none.
+    fn decode_together(&mut self) -> Vec<usize> {
+        let ready: Vec<usize> = (0..self.lanes.len())
+            .filter(|&i| {
+                let l = &self.lanes[i];
+                l.outcome.is_none() && l.pending.is_empty() && l.to_step.is_some()
+            })
+            .collect();
+        if self.batch_limit < 2 || ready.len() < 2 {
+            return Vec::new();
+        }
+        for group in ready.chunks(self.batch_limit) {
+            let tokens: Vec<u32> = group
+                .iter()
+                .filter_map(|&i| self.lanes[i].to_step)
+                .collect();
+            let caches: Vec<&mut KvCache> = self
+                .lanes
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| group.contains(i))
+                .map(|(_, l)| &mut l.cache)
+                .collect();
+            match self.model.step_batch(&mut self.exec, caches, &tokens) {
+                Ok(logits) => {
+                    let m = &self.shared.metrics;
+                    Metrics::add(&m.batch_steps, 1);
+                    Metrics::add(&m.batch_rows, group.len() as u64);
+                    let vocab = logits.len() / group.len();
+                    for (row, &i) in logits.chunks_exact(vocab).zip(group) {
+                        let lane = &mut self.lanes[i];
+                        lane.tokens.extend(lane.to_step.take());
+                        lane.logits = row.to_vec();
+                        self.sample_and_send(i);
+                    }
+                }
+                Err(e) => {
+                    // The transaction poisoned every lane of the batch.
+                    let why = e.to_string();
+                    for &i in group {
+                        self.recover(i, &why);
+                    }
+                }
+            }
+        }
+        ready
+    }
+
     /// A failed step poisoned sequence `i`'s cache: reset and replay it
     /// once; a second failure ends it with an error.
     fn recover(&mut self, i: usize, why: &str) {
@@ -547,6 +658,14 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let mut lane = self.lanes.swap_remove(i);
+            let mut saved = None;
+            if let (Some(Outcome::Finished(_)), Some(name)) = (&lane.outcome, &lane.session) {
+                if let Err(e) = self.save_into(name, &lane.cache, &lane.tokens) {
+                    lane.outcome = Some(Outcome::Failed(e));
+                } else {
+                    saved = Some(name.clone());
+                }
+            }
             let metrics = &self.shared.metrics;
             match lane.outcome.take() {
                 Some(Outcome::Finished(finish)) => {
@@ -571,6 +690,7 @@ impl<'m> Engine<'m> {
                     .then_some(lane.logits),
                 tokens: lane.tokens,
                 points: lane.points,
+                session: saved,
             });
             self.free.extend(freed);
         }

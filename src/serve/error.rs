@@ -79,7 +79,7 @@ impl ApiError {
         Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("no endpoint {method} {path}; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics"),
+            format!("no endpoint {method} {path}; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/sessions/NAME/save|restore, GET /health, GET /metrics"),
         )
     }
 

@@ -7,12 +7,13 @@ use super::api::{
 };
 use super::engine::{Health, Shared};
 use super::error::ApiError;
-use super::job::{gen_params, Event, GenParams, Job, PromptSource};
+use super::job::{gen_params, Event, GenParams, Job, PromptSource, Work};
 use super::metrics::Metrics;
 use super::respond::{respond, Endpoint};
+use super::slots::{check_name, SessionAction, SessionJob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -26,7 +27,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What every handler needs.
 pub struct AppState {
-    pub jobs: Sender<Job>,
+    pub jobs: Sender<Work>,
     pub shared: Arc<Shared>,
     /// The id clients pass as `model` (also accepted: `aliases`).
     pub model_id: String,
@@ -37,6 +38,8 @@ pub struct AppState {
     pub timeout: Duration,
     /// Unix time the server started (`created` of `/v1/models`).
     pub started: u64,
+    /// Whether `--slots-dir` was given.
+    pub sessions: bool,
 }
 
 pub type AppRef = Arc<AppState>;
@@ -50,13 +53,22 @@ impl AppState {
         }
     }
 
-    /// Queues a job; refused with 503 while loading, when degraded, or
-    /// when the queue is full.
-    fn submit(
-        &self,
-        prompt: PromptSource,
-        params: GenParams,
-    ) -> Result<UnboundedReceiver<Event>, ApiError> {
+    /// Checks a request's `session` field: a plain name, and sessions on.
+    fn check_session(&self, session: &Option<String>) -> Result<(), ApiError> {
+        let Some(name) = session else {
+            return Ok(());
+        };
+        if !self.sessions {
+            return Err(ApiError::invalid_param(
+                "session",
+                "sessions are off: start the server with --slots-dir DIR",
+            ));
+        }
+        check_name(name, "session")
+    }
+
+    /// 503 while loading, when degraded or shutting down.
+    fn check_ready(&self) -> Result<(), ApiError> {
         match self.shared.health() {
             Health::Ok => {}
             Health::Loading => return Err(ApiError::unavailable("the model is still loading", 5)),
@@ -65,6 +77,18 @@ impl AppState {
         if self.shared.cancel_all.load(Ordering::Relaxed) {
             return Err(ApiError::unavailable("the server is shutting down", 5));
         }
+        Ok(())
+    }
+
+    /// Queues a job; refused with 503 while loading, when degraded, or
+    /// when the queue is full.
+    fn submit(
+        &self,
+        prompt: PromptSource,
+        params: GenParams,
+        session: Option<String>,
+    ) -> Result<UnboundedReceiver<Event>, ApiError> {
+        self.check_ready()?;
         let queued = self.shared.queued.fetch_add(1, Ordering::Relaxed);
         if queued >= self.max_queue {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
@@ -81,11 +105,12 @@ impl AppState {
         let job = Job {
             prompt,
             params,
+            session,
             events: tx,
             received: now,
             deadline: now + self.timeout,
         };
-        if self.jobs.send(job).is_err() {
+        if self.jobs.send(Work::Generate(job)).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::unavailable("the engine has stopped", 30));
         }
@@ -125,6 +150,7 @@ pub async fn chat(State(st): State<AppRef>, body: Result<Bytes, BytesRejection>)
         let body = st.body(body)?;
         let req: ChatRequest = parse_body(&body)?;
         st.check_model(&req.model)?;
+        st.check_session(&req.session)?;
         let messages = chat_messages(&req.messages)?;
         let top = req.top_logprobs.unwrap_or(0);
         if top > MAX_TOP_LOGPROBS {
@@ -140,7 +166,7 @@ pub async fn chat(State(st): State<AppRef>, body: Result<Bytes, BytesRejection>)
             ));
         }
         let params = gen_params(&req.sampling, req.logprobs.then_some(top))?;
-        let rx = st.submit(PromptSource::Chat(messages), params)?;
+        let rx = st.submit(PromptSource::Chat(messages), params, req.session)?;
         let usage = req
             .sampling
             .stream_options
@@ -162,6 +188,7 @@ pub async fn completions(
         let body = st.body(body)?;
         let req: CompletionRequest = parse_body(&body)?;
         st.check_model(&req.model)?;
+        st.check_session(&req.session)?;
         if req.echo {
             return Err(ApiError::invalid_param("echo", "`echo` is not supported"));
         }
@@ -178,7 +205,7 @@ pub async fn completions(
             PromptInput::Ids(ids) => PromptSource::Ids(ids),
         };
         let params = gen_params(&req.sampling, req.logprobs)?;
-        let rx = st.submit(prompt, params)?;
+        let rx = st.submit(prompt, params, req.session)?;
         let usage = req
             .sampling
             .stream_options
@@ -188,6 +215,47 @@ pub async fn completions(
     }
     .await;
     finish(&st, result)
+}
+
+/// `POST /v1/sessions/{name}/save` and `.../restore`.
+async fn session_action(st: AppRef, name: String, action: SessionAction) -> Response {
+    Metrics::add(&st.shared.metrics.requests, 1);
+    let result = async {
+        st.check_session(&Some(name.clone()))?;
+        st.check_ready()?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = SessionJob {
+            action,
+            name,
+            reply,
+        };
+        if st.jobs.send(Work::Session(job)).is_err() {
+            return Err(ApiError::unavailable("the engine has stopped", 30));
+        }
+        let info = answer
+            .await
+            .map_err(|_| ApiError::unavailable("the engine has stopped", 30))??;
+        Ok(Json(json!({
+            "object": "session",
+            "session": info.name,
+            "action": action.as_str(),
+            "tokens": info.tokens,
+            "file_bytes": info.file_bytes,
+        }))
+        .into_response())
+    }
+    .await;
+    finish(&st, result)
+}
+
+/// `POST /v1/sessions/{name}/save`: the session's kept sequence to its file.
+pub async fn session_save(State(st): State<AppRef>, Path(name): Path<String>) -> Response {
+    session_action(st, name, SessionAction::Save).await
+}
+
+/// `POST /v1/sessions/{name}/restore`: the session's file into memory.
+pub async fn session_restore(State(st): State<AppRef>, Path(name): Path<String>) -> Response {
+    session_action(st, name, SessionAction::Restore).await
 }
 
 /// `GET /v1/models`.

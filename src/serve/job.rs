@@ -4,6 +4,7 @@
 
 use super::api::{stop_strings, ChatMessage, SamplingFields};
 use super::error::ApiError;
+use super::slots::SessionJob;
 use crate::models::sampling::SamplingParams;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -31,10 +32,18 @@ pub enum PromptSource {
     Ids(Vec<u32>),
 }
 
+/// What a handler sends the engine.
+pub enum Work {
+    Generate(Job),
+    Session(SessionJob),
+}
+
 /// A request on its way to the engine.
 pub struct Job {
     pub prompt: PromptSource,
     pub params: GenParams,
+    /// The session (`--slots-dir`) the request continues and saves into.
+    pub session: Option<String>,
     pub events: UnboundedSender<Event>,
     pub received: Instant,
     pub deadline: Instant,

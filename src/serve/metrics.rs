@@ -60,6 +60,9 @@ pub struct Metrics {
     pub kv_used_tokens: AtomicU64,
     pub kv_capacity_tokens: AtomicU64,
     pub lane_recoveries: AtomicU64,
+    /// Batch decode steps, and the rows (sequence tokens) they decoded.
+    pub batch_steps: AtomicU64,
+    pub batch_rows: AtomicU64,
     /// Command buffers committed, and those that reused a step plan.
     pub commits: AtomicU64,
     pub planned_commits: AtomicU64,
@@ -80,6 +83,8 @@ impl Default for Metrics {
             kv_used_tokens: AtomicU64::new(0),
             kv_capacity_tokens: AtomicU64::new(0),
             lane_recoveries: AtomicU64::new(0),
+            batch_steps: AtomicU64::new(0),
+            batch_rows: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             planned_commits: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
@@ -145,6 +150,16 @@ impl Metrics {
                 "weft_lane_recoveries_total",
                 "Sequences reset and replayed after a failed step.",
                 &self.lane_recoveries,
+            ),
+            (
+                "weft_batch_steps_total",
+                "Decode steps that stepped several sequences together.",
+                &self.batch_steps,
+            ),
+            (
+                "weft_batch_rows_total",
+                "Sequence tokens decoded by batch steps.",
+                &self.batch_rows,
             ),
             (
                 "weft_commits_total",

@@ -10,7 +10,8 @@
 //! frees that sequence.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET
-//! /v1/models`, `GET /health`, `GET /metrics`.
+//! /v1/models`, `GET /health`, `GET /metrics`, and with `--slots-dir`
+//! `POST /v1/sessions/{name}/save` and `.../restore` ([`slots`]).
 
 mod api;
 pub mod engine;
@@ -22,6 +23,7 @@ mod metrics;
 mod prefix;
 mod prompt;
 mod respond;
+pub mod slots;
 mod text;
 
 pub use engine::{EngineConfig, Loader};
@@ -97,6 +99,7 @@ pub fn serve(opts: ServeOptions, loader: Loader) -> Result<()> {
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        sessions: opts.engine.slots_dir.is_some(),
     });
     let served = runtime.block_on(run_http(&opts, state, shared.clone()));
     shared.stop.store(true, Ordering::Relaxed);
@@ -113,6 +116,11 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
+        .route("/v1/sessions/{name}/save", post(handlers::session_save))
+        .route(
+            "/v1/sessions/{name}/restore",
+            post(handlers::session_restore),
+        )
         .fallback(handlers::not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

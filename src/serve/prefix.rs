@@ -33,6 +33,8 @@ pub struct KeptSequence {
     pub points: Vec<ResumePoint>,
     /// The logits after the cache's last token.
     pub end_logits: Option<Vec<f32>>,
+    /// The session (`--slots-dir`) this sequence is the latest state of.
+    pub session: Option<String>,
 }
 
 /// A cache handed to a new sequence from the store.
@@ -78,6 +80,14 @@ impl PrefixStore {
             cache.reset();
             return vec![cache];
         }
+        if let Some(name) = &seq.session {
+            // One kept sequence per session: the newest.
+            for k in &mut self.kept {
+                if k.session.as_ref() == Some(name) {
+                    k.session = None;
+                }
+            }
+        }
         self.kept.push(seq);
         while self.kept.len() > self.capacity {
             let mut cache = self.kept.remove(0).cache;
@@ -85,6 +95,18 @@ impl PrefixStore {
             freed.push(cache);
         }
         freed
+    }
+
+    /// Whether sequences can be kept at all (`--keep` above 0).
+    pub fn keeps(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// The kept sequence of session `name`.
+    pub fn session(&self, name: &str) -> Option<&KeptSequence> {
+        self.kept
+            .iter()
+            .find(|k| k.session.as_deref() == Some(name))
     }
 
     /// Gives up the least recently used cache, emptied.

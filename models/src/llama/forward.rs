@@ -2,13 +2,20 @@
 //!
 //! Written in the order a model author thinks of it (each projection
 //! followed by its rope); the reorder pass finds what can run together.
+//!
+//! A step's rows belong to one sequence (a prefill chunk or a decode
+//! token), or each to its own ([`Llama::record_batch`]: one decode token
+//! per sequence, each at its own position). Every op but the cache write
+//! and attention is row-wise or a matmul, so the batch shares them; each
+//! row writes its own cache and attends over it alone, as that sequence's
+//! own decode step would.
 
 use super::{Llama, LlamaLayer};
 use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
 use weft_ops::quant::vec_dot_type;
-use weft_ops::{AttentionParams, Builder, Tensor};
+use weft_ops::{AttentionParams, Builder, DType, Op, Recorder, Tensor};
 use weft_runtime::cache::{CacheSpan, KvCache};
 use weft_runtime::{GraphSession, PoolScope};
 
@@ -51,10 +58,53 @@ impl Llama {
         logits: LogitRows,
         probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
+        crate::step::check_ids(&ids, span)?;
+        self.record_lanes(s, Lanes::One { cache, span }, ids, logits, probe)
+    }
+
+    /// Records one decode token for each of several sequences: row `b`
+    /// (`ids[b]`, i32, inside the vocabulary) is sequence `b`'s token,
+    /// written to `caches[b]` at `spans[b]` (one token each) and attending
+    /// over that cache alone. Returns the logits, `[B, vocab]`.
+    pub fn record_batch(
+        &self,
+        s: &mut GraphSession<'_>,
+        caches: &[&KvCache],
+        spans: &[CacheSpan],
+        ids: Tensor,
+    ) -> Result<Tensor, ModelError> {
+        if caches.is_empty() || caches.len() != spans.len() || ids.shape.elements() != spans.len() {
+            return Err(ModelError::Input(format!(
+                "a batch step needs one cache, one span and one token id per sequence; got {} caches, {} spans, {} ids",
+                caches.len(),
+                spans.len(),
+                ids.shape.elements()
+            )));
+        }
+        if let Some((b, span)) = spans.iter().enumerate().find(|(_, sp)| sp.tokens != 1) {
+            return Err(ModelError::Input(format!(
+                "a batch step decodes one token per sequence; sequence {b}'s span has {}",
+                span.tokens
+            )));
+        }
+        self.record_lanes(s, Lanes::Each { caches, spans }, ids, LogitRows::All, None)
+    }
+
+    fn record_lanes(
+        &self,
+        s: &mut GraphSession<'_>,
+        lanes: Lanes<'_>,
+        ids: Tensor,
+        logits: LogitRows,
+        probe: Option<&LayerProbe>,
+    ) -> Result<Tensor, ModelError> {
         let c = &self.config;
-        let n = crate::step::check_ids(&ids, span)?;
+        let n = ids.shape.elements();
         s.set_layer(None);
-        let positions: Vec<i32> = (0..n as i32).map(|i| span.start as i32 + i).collect();
+        let positions: Vec<i32> = match lanes {
+            Lanes::One { span, .. } => (0..n as i32).map(|i| span.start as i32 + i).collect(),
+            Lanes::Each { spans, .. } => spans.iter().map(|sp| sp.start as i32).collect(),
+        };
         let positions = s.upload_i32(&positions, "positions")?;
         // The residual stream lives in the session's scope, outside the
         // per-layer scopes, and is updated in place.
@@ -68,12 +118,11 @@ impl Llama {
             s.set_layer(Some(l as u32));
             s.begin_pool_scope(scope);
             // The last layer only needs the rows whose logits are wanted.
-            let keep_from = if l + 1 == c.layers {
-                logits.first_row(span.start, n)
-            } else {
-                0
+            let keep_from = match lanes {
+                Lanes::One { span, .. } if l + 1 == c.layers => logits.first_row(span.start, n),
+                _ => 0,
             };
-            x = self.record_layer(s, layer, l, x, positions, cache, span, keep_from)?;
+            x = self.record_layer(s, layer, l, x, positions, lanes, keep_from)?;
             if let Some(p) = probe {
                 p.record(s, l, x)?;
             }
@@ -92,13 +141,11 @@ impl Llama {
         l: usize,
         x: Tensor,
         positions: Tensor,
-        cache: &KvCache,
-        span: &CacheSpan,
+        lanes: Lanes<'_>,
         keep_from: usize,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
         let n = x.rows();
-        let kv = cache.layer(l);
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
         s.tap(format_args!("attn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
@@ -110,25 +157,29 @@ impl Llama {
         s.tap(format_args!("Kcur-{l}"), k)?;
         let v = projection(s, h, hq, w.wv, w.bias.v, "attn_v")?;
         s.tap(format_args!("Vcur-{l}"), v)?;
-        s.set_rows(k, kv.k, span.start, kv.ring, "cache_k")?;
-        s.set_rows(v, kv.v, span.start, kv.ring, "cache_v")?;
-        let rows = kv.ring.map_or(span.end() as usize, |r| r as usize);
-        let params = AttentionParams {
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            q_position: span.start,
-            window: kv.window,
-            ring: kv.ring,
-            softcap: 0.0,
-            kv_capacity: kv.k.rows() as u32,
-            flash: self.flash_attention,
+        let mut a = match lanes {
+            Lanes::One { cache, span } => {
+                let (kview, vview, params) = self.write_and_view(s, cache, l, span, k, v)?;
+                s.tap(format_args!("Qrope-{l}"), q)?;
+                s.attention(q, kview, vview, params, "attn")?
+            }
+            Lanes::Each { caches, spans } => {
+                s.tap(format_args!("Qrope-{l}"), q)?;
+                let a = s.alloc(DType::F32, q.shape.dims())?;
+                for (b, (cache, span)) in caches.iter().zip(spans).enumerate() {
+                    let row = |t: Tensor| t.rows_view(b, 1);
+                    let (kview, vview, params) =
+                        self.write_and_view(s, cache, l, span, row(k)?, row(v)?)?;
+                    s.push(
+                        Op::Attention(params),
+                        vec![row(q)?, kview, vview],
+                        vec![row(a)?],
+                        "attn",
+                    )?;
+                }
+                a
+            }
         };
-        let kview = kv.k.rows_view(0, rows)?;
-        let vview = kv.v.rows_view(0, rows)?;
-        s.tap(format_args!("Qrope-{l}"), q)?;
-        let mut a = s.attention(q, kview, vview, params, "attn")?;
         s.tap(format_args!("kqv_out-{l}"), a)?;
         let mut x = x;
         if keep_from > 0 {
@@ -153,6 +204,53 @@ impl Llama {
         s.tap(format_args!("l_out-{l}"), x)?;
         Ok(x)
     }
+
+    /// Writes `k` and `v` (the span's rows) into layer `l` of `cache` and
+    /// returns the cache views and parameters the span's queries attend
+    /// with.
+    fn write_and_view(
+        &self,
+        s: &mut GraphSession<'_>,
+        cache: &KvCache,
+        l: usize,
+        span: &CacheSpan,
+        k: Tensor,
+        v: Tensor,
+    ) -> Result<(Tensor, Tensor, AttentionParams), ModelError> {
+        let c = &self.config;
+        let kv = cache.layer(l);
+        s.set_rows(k, kv.k, span.start, kv.ring, "cache_k")?;
+        s.set_rows(v, kv.v, span.start, kv.ring, "cache_v")?;
+        let rows = kv.ring.map_or(span.end() as usize, |r| r as usize);
+        let params = AttentionParams {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            q_position: span.start,
+            window: kv.window,
+            ring: kv.ring,
+            softcap: 0.0,
+            kv_capacity: kv.k.rows() as u32,
+            flash: self.flash_attention,
+        };
+        Ok((kv.k.rows_view(0, rows)?, kv.v.rows_view(0, rows)?, params))
+    }
+}
+
+/// The sequences a step's rows belong to.
+#[derive(Clone, Copy)]
+enum Lanes<'a> {
+    /// Every row to one sequence, at consecutive positions from the span's.
+    One {
+        cache: &'a KvCache,
+        span: &'a CacheSpan,
+    },
+    /// Row `b` to sequence `b`: one token at `spans[b]` in `caches[b]`.
+    Each {
+        caches: &'a [&'a KvCache],
+        spans: &'a [CacheSpan],
+    },
 }
 
 /// `h @ w^T (+ bias)`, reading `hq` (`h` already quantized for another

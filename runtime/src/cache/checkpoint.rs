@@ -7,7 +7,7 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"WEFT-KV\0"
-//! 8       4     format version (1)
+//! 8       4     format version (2; version 1 files, without the token list, still load)
 //! 12      32    model identity (caller-provided; weft-models derives it from the GGUF and the cache layout)
 //! 44      4     row type (GGUF type id: 0 = f32, 1 = f16)
 //! 48      4     position (tokens in the cache)
@@ -15,8 +15,14 @@
 //! 56      12*L  per layer: width, window (0: none), first position saved
 //! ..      8     payload bytes P
 //! ..      P     per layer: K rows, then V rows, in position order
+//! ..      4     token count T (version 2 only): 0, or the position
+//! ..      4*T   the token id at each position (version 2 only)
 //! ..      32    SHA-256 of every byte before it
 //! ```
+//!
+//! The token list is the caller's record of what the rows encode (a front
+//! end matches a new prompt against it); a caller that keeps no such
+//! record saves none (T = 0).
 //!
 //! A layer's first saved position is fixed by its window and the position
 //! (every row a later query can see, nothing older), so each layer holds
@@ -45,8 +51,10 @@ use weft_ops::DType;
 
 /// First bytes of every checkpoint.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"WEFT-KV\0";
-/// Format version this build writes and reads.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Format version this build writes (it reads this one and version 1).
+pub const CHECKPOINT_VERSION: u32 = 2;
+/// The oldest format version this build reads: no token list.
+const FIRST_VERSION: u32 = 1;
 
 const FIXED_HEADER: usize = 56;
 const LAYER_HEADER: usize = 12;
@@ -84,12 +92,15 @@ impl std::fmt::Debug for ModelIdentity {
 }
 
 /// What a saved or loaded checkpoint held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointInfo {
     /// Tokens in the cache.
     pub position: u32,
     /// Bytes of the file.
     pub file_bytes: u64,
+    /// The token id at each position, as the saver recorded them (empty
+    /// when it recorded none).
+    pub tokens: Vec<u32>,
 }
 
 fn refuse(why: String) -> RuntimeError {
@@ -97,11 +108,14 @@ fn refuse(why: String) -> RuntimeError {
 }
 
 impl CacheImage {
-    /// The image as checkpoint bytes for the model `identity`.
-    pub fn to_checkpoint_bytes(&self, identity: &ModelIdentity) -> Vec<u8> {
+    /// The image as checkpoint bytes for the model `identity`, with
+    /// `tokens` (empty, or one per position: checked by the caller, see
+    /// [`KvCache::save_checkpoint`]).
+    pub fn to_checkpoint_bytes(&self, identity: &ModelIdentity, tokens: &[u32]) -> Vec<u8> {
         let payload: usize = self.layers.iter().map(|l| l.k.len() + l.v.len()).sum();
         let header = FIXED_HEADER + LAYER_HEADER * self.layers.len() + 8;
-        let mut out = Vec::with_capacity(header + payload + CHECKSUM);
+        let token_bytes = 4 + 4 * tokens.len();
+        let mut out = Vec::with_capacity(header + payload + token_bytes + CHECKSUM);
         out.extend_from_slice(&CHECKPOINT_MAGIC);
         out.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
         out.extend_from_slice(&identity.0);
@@ -118,30 +132,36 @@ impl CacheImage {
             out.extend_from_slice(&rows.k);
             out.extend_from_slice(&rows.v);
         }
+        out.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            out.extend_from_slice(&t.to_le_bytes());
+        }
         let digest: [u8; 32] = Sha256::digest(&out).into();
         out.extend_from_slice(&digest);
         out
     }
 
-    /// Parses checkpoint bytes written for the model `identity`. Checks, in
-    /// order: magic, version, length, checksum, identity, then the fields
-    /// against each other; rows are copied only after all of them pass.
+    /// Parses checkpoint bytes written for the model `identity`: the image
+    /// and its token list. Checks, in order: magic, version, length,
+    /// checksum, identity, then the fields against each other; rows are
+    /// copied only after all of them pass.
     pub fn from_checkpoint_bytes(
         bytes: &[u8],
         identity: &ModelIdentity,
-    ) -> Result<CacheImage, RuntimeError> {
+    ) -> Result<(CacheImage, Vec<u32>), RuntimeError> {
         let header = Header::verified(bytes, identity)?;
         let sizes = header.check_rows()?;
-        header.into_image(bytes, &sizes)
+        header.into_image(bytes, &sizes, u32::MAX)
     }
 }
 
 /// Most bytes a checkpoint of a cache of `config` can take: the header,
 /// every row each layer can hold (the whole context, or `window - 1`
-/// positions of a windowed layer), the checksum.
+/// positions of a windowed layer), a token per position, the checksum.
 pub fn checkpoint_bound(config: &CacheConfig) -> u64 {
     let layers = config.layers.len() as u64;
-    let rows = config.layers.iter().fold(0u64, |sum, l| {
+    let tokens = 4 * config.context as u64 + 4;
+    let rows = config.layers.iter().fold(tokens, |sum, l| {
         let kept = match l.window {
             Some(w) => (w.saturating_sub(1)).min(config.context),
             None => config.context,
@@ -185,6 +205,8 @@ struct Header {
     payload: u64,
     /// Offset of the first row byte.
     rows_at: usize,
+    /// Tokens listed after the rows (0 in a version 1 file).
+    tokens: u32,
 }
 
 impl Header {
@@ -200,28 +222,49 @@ impl Header {
             )));
         }
         let version = r.u32()?;
-        if version != CHECKPOINT_VERSION {
+        if !(FIRST_VERSION..=CHECKPOINT_VERSION).contains(&version) {
             return Err(refuse(format!(
-                "format version {version}; this build reads version {CHECKPOINT_VERSION} only: save the cache again with this build"
+                "format version {version}; this build reads versions {FIRST_VERSION} to {CHECKPOINT_VERSION}: save the cache again with this build"
             )));
         }
-        let header = Header::read(&mut r)?;
-        let total = (header.rows_at as u64)
-            .saturating_add(header.payload)
-            .saturating_add(CHECKSUM as u64);
+        let mut header = Header::read(&mut r)?;
+        let rows_end = (header.rows_at as u64).saturating_add(header.payload);
+        let mut total = rows_end.saturating_add(CHECKSUM as u64);
+        if version >= 2 {
+            // The token count sits after the rows; bounded by the bytes present.
+            let at = usize::try_from(rows_end).ok().filter(|&at| {
+                at.checked_add(4 + CHECKSUM)
+                    .is_some_and(|end| end <= bytes.len())
+            });
+            let Some(at) = at else {
+                return Err(refuse(format!(
+                    "the file is truncated: {} bytes, the header (field `payload bytes` = {}) announces at least {}",
+                    bytes.len(),
+                    header.payload,
+                    total.saturating_add(4)
+                )));
+            };
+            let mut count = [0u8; 4];
+            count.copy_from_slice(&bytes[at..at + 4]);
+            header.tokens = u32::from_le_bytes(count);
+            total = total.saturating_add(4 + 4 * header.tokens as u64);
+        }
         if (bytes.len() as u64) < total {
             return Err(refuse(format!(
-                "the file is truncated: {} bytes, the header (field `payload bytes` = {}) announces {total}",
+                "the file is truncated: {} bytes, the header (field `payload bytes` = {}, \
+                 field `token count` = {}) announces {total}",
                 bytes.len(),
-                header.payload
+                header.payload,
+                header.tokens
             )));
         }
         if bytes.len() as u64 > total {
             return Err(refuse(format!(
                 "{} unexpected bytes after the checksum (the header, field `payload bytes` = {}, \
-                 announces {total}); the file is corrupt",
+                 field `token count` = {}, announces {total}); the file is corrupt",
                 bytes.len() as u64 - total,
-                header.payload
+                header.payload,
+                header.tokens
             )));
         }
         let body = bytes.len() - CHECKSUM;
@@ -277,6 +320,7 @@ impl Header {
             layers,
             payload,
             rows_at: r.at,
+            tokens: 0,
         })
     }
 
@@ -327,9 +371,18 @@ impl Header {
     }
 
     /// Checks the fields against each other: each layer's first position
-    /// against its window and the position, and the payload size against
-    /// the layer table. Returns each layer's bytes of K (and of V).
+    /// against its window and the position, the payload size against the
+    /// layer table, the token count against the position (and, once read,
+    /// each token against the vocabulary, see [`Header::into_image`]).
+    /// Returns each layer's bytes of K (and of V).
     fn check_rows(&self) -> Result<Vec<usize>, RuntimeError> {
+        if self.tokens != 0 && self.tokens != self.position {
+            return Err(refuse(format!(
+                "field `token count` is {}; a checkpoint lists 0 tokens or one per position \
+                 (field `position` = {}); the file is corrupt",
+                self.tokens, self.position
+            )));
+        }
         let mut sizes = Vec::with_capacity(self.layers.len());
         let mut total = 0u64;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -375,8 +428,15 @@ impl Header {
         Ok(sizes)
     }
 
-    /// Copies the (checked) rows: `sizes[i]` bytes of K and of V per layer.
-    fn into_image(self, bytes: &[u8], sizes: &[usize]) -> Result<CacheImage, RuntimeError> {
+    /// Copies the (checked) rows, `sizes[i]` bytes of K and of V per
+    /// layer, and the token list, refusing a token id at or above
+    /// `token_bound`.
+    fn into_image(
+        self,
+        bytes: &[u8],
+        sizes: &[usize],
+        token_bound: u32,
+    ) -> Result<(CacheImage, Vec<u32>), RuntimeError> {
         let mut r = Reader {
             bytes,
             at: self.rows_at,
@@ -396,18 +456,33 @@ impl Header {
                 v,
             });
         }
+        let mut tokens = Vec::new();
+        if r.remaining() > CHECKSUM {
+            let count = r.u32()?;
+            tokens.reserve(count as usize);
+            for i in 0..count {
+                let t = r.u32()?;
+                if t >= token_bound {
+                    return Err(refuse(format!(
+                        "token {i} is id {t}, outside the vocabulary of {token_bound}; the file is corrupt"
+                    )));
+                }
+                tokens.push(t);
+            }
+        }
         if r.remaining() != CHECKSUM {
             return Err(refuse(format!(
                 "the payload does not match its layout ({} bytes left over); the file is corrupt",
                 r.remaining().saturating_sub(CHECKSUM)
             )));
         }
-        Ok(CacheImage {
+        let image = CacheImage {
             layout,
             dtype: self.dtype,
             position: self.position,
             layers: rows,
-        })
+        };
+        Ok((image, tokens))
     }
 }
 
@@ -452,28 +527,41 @@ impl<'a> Reader<'a> {
 
 impl KvCache {
     /// Saves the cache's sequence to `path` for the model `identity`,
-    /// atomically. Refused on a poisoned cache.
+    /// atomically, with `tokens`: empty, or the token at each position.
+    /// Refused on a poisoned cache or a token list of another length.
     pub fn save_checkpoint(
         &self,
         exec: &mut GraphExecutor,
         identity: &ModelIdentity,
+        tokens: &[u32],
         path: &Path,
     ) -> Result<CheckpointInfo, RuntimeError> {
-        let bytes = self.export(exec)?.to_checkpoint_bytes(identity);
+        if !tokens.is_empty() && tokens.len() != self.position as usize {
+            return Err(refuse(format!(
+                "{} tokens given for a cache at position {}; give none or one per position",
+                tokens.len(),
+                self.position
+            )));
+        }
+        let bytes = self.export(exec)?.to_checkpoint_bytes(identity, tokens);
         write_atomically(path, &bytes).map_err(|e| refuse(e.to_string()))?;
         Ok(CheckpointInfo {
             position: self.position,
             file_bytes: bytes.len() as u64,
+            tokens: tokens.to_vec(),
         })
     }
 
     /// Loads the sequence saved at `path` (for the model `identity`) into
-    /// this cache, replacing what it holds and clearing poison. A file that
-    /// does not check out is refused and the cache is left as it was.
+    /// this cache, replacing what it holds and clearing poison; a listed
+    /// token id at or above `token_bound` (the vocabulary size) is refused.
+    /// A file that does not check out is refused and the cache is left as
+    /// it was.
     pub fn load_checkpoint(
         &mut self,
         exec: &mut GraphExecutor,
         identity: &ModelIdentity,
+        token_bound: u32,
         path: &Path,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let in_file = |e: RuntimeError| match e {
@@ -492,17 +580,18 @@ impl KvCache {
                 ))))
             }
         };
-        let image = Header::verified(&bytes, identity)
+        let (image, tokens) = Header::verified(&bytes, identity)
             .and_then(|header| {
                 header.check_fits(&self.config)?;
                 let sizes = header.check_rows()?;
-                header.into_image(&bytes, &sizes)
+                header.into_image(&bytes, &sizes, token_bound)
             })
             .map_err(in_file)?;
         self.import(exec, &image)?;
         Ok(CheckpointInfo {
             position: image.position,
             file_bytes: bytes.len() as u64,
+            tokens,
         })
     }
 }

@@ -1,5 +1,7 @@
-//! Cohorts: B sequences at one position decoding one token each in one
-//! recorded step, published all together or not at all.
+//! Cohorts: B sequences decoding one token each in one recorded step,
+//! published all together or not at all; at one shared position and plan
+//! (`plan_next_step`, `run_step`), or each at its own (`plan_each`,
+//! `run_each_step`: a server's sequences, which joined at different times).
 //!
 //! Before anything runs, [`Cohort::plan_next_step`] checks that every lane
 //! is healthy, at the same position and has the same plan (layout and
@@ -124,17 +126,53 @@ impl<'a> Cohort<'a> {
         }
     }
 
+    /// Plans one decode token for every lane, each at its own position:
+    /// lane `b` writes `spans[b]`. Refused, without poisoning anything, when
+    /// a lane is poisoned or full.
+    pub fn plan_each(&self) -> Result<Vec<CacheSpan>, RuntimeError> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .map(|(b, lane)| {
+                lane.plan_next_step().map_err(|e| {
+                    RuntimeError::Usage(format!(
+                        "cohort lane {b}: {e} (nothing was run or poisoned)"
+                    ))
+                })
+            })
+            .collect()
+    }
+
     /// Validates a drained step at `position` on every lane. If any lane
     /// fails, every lane is poisoned and the error names the lane.
     pub fn validate_step_commit(
         &mut self,
         position: u32,
     ) -> Result<CohortTickets<'_>, RuntimeError> {
+        let positions = vec![position; self.lanes.len()];
+        self.validate_each(&positions)
+    }
+
+    /// Validates a drained step on every lane, lane `b`'s at
+    /// `positions[b]`. If any lane fails, every lane is poisoned and the
+    /// error names the lane.
+    pub fn validate_each(&mut self, positions: &[u32]) -> Result<CohortTickets<'_>, RuntimeError> {
+        if positions.len() != self.lanes.len() {
+            let why = format!(
+                "{} positions given for {} lanes",
+                positions.len(),
+                self.lanes.len()
+            );
+            self.poison(&why);
+            return Err(RuntimeError::Usage(format!("cohort: {why}")));
+        }
         let failing = self
             .lanes
             .iter()
-            .position(|lane| lane.step_commit_problem(position).is_some());
+            .zip(positions)
+            .position(|(lane, &p)| lane.step_commit_problem(p).is_some());
         if let Some(b) = failing {
+            let position = positions[b];
             // Validating the failing lane poisons it with its own reason.
             let err = match self.lanes[b].validate_step_commit(position) {
                 Err(e) => RuntimeError::Usage(format!("cohort lane {b}: {e}")),
@@ -152,7 +190,8 @@ impl<'a> Cohort<'a> {
         let tickets = self
             .lanes
             .iter_mut()
-            .map(|lane| lane.validate_step_commit(position))
+            .zip(positions)
+            .map(|(lane, &p)| lane.validate_step_commit(p))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(CohortTickets { tickets })
     }
@@ -196,6 +235,54 @@ impl<'a> Cohort<'a> {
         let tickets = self.validate_step_commit(position)?;
         if let Err(why) = gate(&plan, &values) {
             let why = format!("the commit gate refused the cohort step at {position}: {why}");
+            tickets.abort(&why);
+            return Err(RuntimeError::Usage(format!(
+                "cohort: {why}; every lane is poisoned: reset() and replay, or restore() snapshots"
+            )));
+        }
+        tickets.publish();
+        Ok(values)
+    }
+
+    /// Runs one step of every lane at its own position as a transaction:
+    /// `record` records one token per lane (row `b` for lane `b`, writing
+    /// `spans[b]`) and returns the output to read back; `gate` sees the
+    /// output and may refuse the commit. Every lane is validated, then the
+    /// one gate decides, then every lane is published; a failure anywhere
+    /// after submission poisons every lane. Returns the output as f32.
+    pub fn run_each_step(
+        &mut self,
+        exec: &mut GraphExecutor,
+        record: impl FnOnce(
+            &mut GraphSession<'_>,
+            &[&KvCache],
+            &[CacheSpan],
+        ) -> Result<Tensor, RuntimeError>,
+        gate: impl FnOnce(&[CacheSpan], &[f32]) -> Result<(), String>,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let spans = self.plan_each()?;
+        let mut chain = SubmissionChain::new();
+        let mut session = exec.begin_recorded();
+        let lanes: Vec<&KvCache> = self.lanes.iter().map(|l| &**l).collect();
+        let output = record(&mut session, &lanes, &spans)?;
+        chain.push(session.commit()?);
+        if let Err(e) = chain.drain() {
+            self.poison(&format!("the cohort step failed: {e}"));
+            return Err(e);
+        }
+        let values = match exec.read_f32(&output) {
+            Ok(v) => v,
+            Err(e) => {
+                self.poison(&format!(
+                    "reading the output of the cohort step failed: {e}"
+                ));
+                return Err(e);
+            }
+        };
+        let positions: Vec<u32> = spans.iter().map(|s| s.start).collect();
+        let tickets = self.validate_each(&positions)?;
+        if let Err(why) = gate(&spans, &values) {
+            let why = format!("the commit gate refused the cohort step: {why}");
             tickets.abort(&why);
             return Err(RuntimeError::Usage(format!(
                 "cohort: {why}; every lane is poisoned: reset() and replay, or restore() snapshots"

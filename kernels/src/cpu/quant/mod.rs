@@ -158,6 +158,20 @@ pub fn quantize_activations_with(
     }
 }
 
+/// Whether a matmul of `batch` activation rows over `wdtype` weights of
+/// `weight_rows` rows of `k` elements sums every activation row in the
+/// order a one-row call sums it: then one step over the rows of `batch`
+/// independent sequences gives each of them the bits it gets alone. True
+/// for every 32-element format; for Q4_K and Q6_K only below the batch
+/// sizes where llama.cpp switches kernels ([`DotOrder::of`]), and for
+/// float weights only where tinyBLAS takes neither call.
+pub fn batch_keeps_row_order(wdtype: DType, weight_rows: usize, k: usize, batch: usize) -> bool {
+    let alone = DotOrder::of(wdtype, weight_rows, 1, 0);
+    float_gemm::applies(wdtype, k, weight_rows, batch)
+        == float_gemm::applies(wdtype, k, weight_rows, 1)
+        && (0..batch).all(|t| DotOrder::of(wdtype, weight_rows, batch, t) == alone)
+}
+
 /// `w_row . act_row`, where `act_row` is in `vec_dot_type(wdtype)` format,
 /// in ggml's `vec_dot` order ([`DotOrder::VecDot`]; a matmul may sum Q4_K
 /// and Q6_K products in another order, see [`DotOrder::of`]).
@@ -363,5 +377,25 @@ mod tests {
         ] {
             assert_eq!(block32_bytes(d), Some(d.block_bytes()));
         }
+    }
+
+    #[test]
+    fn batches_keep_row_order_where_llama_cpp_keeps_its_kernel() {
+        let keeps = |d, rows, k, b| batch_keeps_row_order(d, rows, k, b);
+        for d in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+            assert!(keeps(d, 576, 576, 64), "{d}");
+        }
+        // Q4_K with rows a multiple of 8: gemv alone, gemm from 4 rows.
+        assert!(keeps(DType::Q4_K, 896, 256, 3));
+        assert!(!keeps(DType::Q4_K, 896, 256, 4));
+        // Q4_K otherwise and Q6_K: vec_dot below 8 rows, tiled from 8.
+        assert!(keeps(DType::Q4_K, 900, 256, 7));
+        assert!(!keeps(DType::Q4_K, 900, 256, 8));
+        assert!(keeps(DType::Q6_K, 896, 256, 7));
+        assert!(!keeps(DType::Q6_K, 896, 256, 8));
+        // Plain floats: tinyBLAS from 2 rows, unless the shape rules it out.
+        assert!(keeps(DType::F16, 896, 256, 1));
+        assert!(!keeps(DType::F16, 896, 256, 2));
+        assert!(keeps(DType::F32, 898, 256, 16));
     }
 }

@@ -1,0 +1,186 @@
+//! One decode step over several sequences (`Model::step_batch`): every
+//! row's logits are bit-identical (CPU, exact numerics) to that sequence's
+//! own step, with sequences at different positions joining and leaving
+//! between steps; a lane that cannot step refuses the whole batch before
+//! anything runs, changing no cache.
+
+mod common;
+
+use common::{load_qwen2, load_smollm2, prefilled, Setup};
+use weft::models::sampling::argmax;
+use weft::models::{LogitRows, Model};
+use weft::runtime::cache::KvCache;
+use weft::runtime::{Device, ExecutorConfig, Fault, GraphExecutor};
+
+const CONTEXT: u32 = 128;
+const PROMPTS: [&str; 5] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "def fibonacci(n):",
+    "Water boils at",
+    "The three primary colors are red, yellow and",
+];
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Two identical sets of prefilled caches, one per prompt, and the next
+/// token of each.
+fn twin_caches(
+    exec: &mut GraphExecutor,
+    model: &Model,
+    prompts: &[&str],
+) -> (Vec<KvCache>, Vec<KvCache>, Vec<u32>) {
+    let (mut alone, mut batched, mut next) = (Vec::new(), Vec::new(), Vec::new());
+    for p in prompts {
+        let ids = model.tokenizer.encode(p);
+        let (a, logits) = prefilled(exec, model, CONTEXT, &ids);
+        let (b, _) = prefilled(exec, model, CONTEXT, &ids);
+        alone.push(a);
+        batched.push(b);
+        next.push(argmax(&logits) as u32);
+    }
+    (alone, batched, next)
+}
+
+/// `steps` decode steps; at step `k` the lanes `active(k, b)` step, alone
+/// and as one batch; every row must match its lane's own step.
+fn check_rows_match(
+    exec: &mut GraphExecutor,
+    model: &Model,
+    prompts: &[&str],
+    steps: usize,
+    active: impl Fn(usize, usize) -> bool,
+) {
+    let (mut alone, mut batched, mut next) = twin_caches(exec, model, prompts);
+    let vocab = model.vocab();
+    for k in 0..steps {
+        let lanes: Vec<usize> = (0..prompts.len()).filter(|&b| active(k, b)).collect();
+        let tokens: Vec<u32> = lanes.iter().map(|&b| next[b]).collect();
+        let mut want = Vec::new();
+        for &b in &lanes {
+            let logits = model
+                .step(exec, &mut alone[b], &[next[b]], LogitRows::Last)
+                .expect("step alone");
+            want.push(logits);
+        }
+        let caches: Vec<&mut KvCache> = batched
+            .iter_mut()
+            .enumerate()
+            .filter(|(b, _)| lanes.contains(b))
+            .map(|(_, c)| c)
+            .collect();
+        let got = model.step_batch(exec, caches, &tokens).expect("batch step");
+        assert_eq!(got.len(), lanes.len() * vocab);
+        for (i, &b) in lanes.iter().enumerate() {
+            let row = &got[i * vocab..(i + 1) * vocab];
+            assert!(
+                same_bits(row, &want[i]),
+                "step {k}: lane {b} (position {}) differs from its own step",
+                alone[b].position() - 1
+            );
+            assert_eq!(batched[b].position(), alone[b].position());
+            next[b] = argmax(&want[i]) as u32;
+        }
+    }
+}
+
+#[test]
+fn smollm2_batch_rows_are_bit_identical_to_single_steps() {
+    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else {
+        return;
+    };
+    // Q4_1 and Q8_0 weights keep their float order at any batch size.
+    assert_eq!(model.exact_batch_limit(&exec, 16), 16);
+    // Lanes at different positions, joining and leaving between steps.
+    check_rows_match(&mut exec, &model, &PROMPTS, 12, |k, b| (k + b) % 4 != 0);
+}
+
+#[test]
+fn qwen2_batches_only_as_many_rows_as_keep_their_order() {
+    let Some(Setup { mut exec, model }) = load_qwen2(2, None) else {
+        return;
+    };
+    // Q4_K weights (rows a multiple of 8) switch from llama.cpp's gemv to
+    // its gemm kernel at 4 activation rows, summing in another order.
+    assert_eq!(model.exact_batch_limit(&exec, 16), 3);
+    check_rows_match(&mut exec, &model, &PROMPTS[..3], 6, |k, b| {
+        k % 3 != 0 || b != 1
+    });
+}
+
+#[test]
+fn a_lane_that_cannot_step_refuses_the_batch_and_changes_nothing() {
+    let Some(Setup { mut exec, model }) = load_smollm2(2, None) else {
+        return;
+    };
+    let ids = model.tokenizer.encode(PROMPTS[0]);
+    let (mut a, logits) = prefilled(&mut exec, &model, CONTEXT, &ids);
+    let full_ids: Vec<u32> = (0..CONTEXT).map(|i| ids[i as usize % ids.len()]).collect();
+    let (mut full, _) = prefilled(&mut exec, &model, CONTEXT, &full_ids);
+    let before = a.export(&mut exec).unwrap();
+    let t = argmax(&logits) as u32;
+    let e = model
+        .step_batch(&mut exec, vec![&mut a, &mut full], &[t, t])
+        .expect_err("a full cache cannot step");
+    assert!(e.to_string().contains("cohort lane 1"), "{e}");
+    assert!(!a.is_poisoned() && !full.is_poisoned(), "{e}");
+    assert_eq!(a.export(&mut exec).unwrap(), before);
+    assert_eq!(full.position(), CONTEXT);
+    // The healthy lane still steps, exactly as alone.
+    let got = model.step_batch(&mut exec, vec![&mut a], &[t]).unwrap();
+    let (mut c, _) = prefilled(&mut exec, &model, CONTEXT, &ids);
+    let want = model
+        .step(&mut exec, &mut c, &[t], LogitRows::Last)
+        .unwrap();
+    assert!(same_bits(&got, &want));
+    // A token outside the vocabulary is refused before anything runs.
+    let vocab = model.vocab() as u32;
+    let e = model
+        .step_batch(&mut exec, vec![&mut a], &[vocab])
+        .expect_err("outside the vocabulary");
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    assert!(!a.is_poisoned());
+}
+
+#[test]
+fn a_failed_batch_step_poisons_every_lane() {
+    let Some(Setup { model, .. }) = load_smollm2(2, None) else {
+        return;
+    };
+    let layers = model.layers();
+    drop(model);
+    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+        .expect("the model file");
+    // The first ffn_gate node after two prefills (one per layer each) fails.
+    let config = ExecutorConfig {
+        threads: 2,
+        fault: Some(Fault {
+            label: "ffn_gate".into(),
+            after: 2 * layers,
+        }),
+        ..ExecutorConfig::default()
+    };
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&path, &mut exec).expect("model");
+    let ids: Vec<Vec<u32>> = PROMPTS[..2]
+        .iter()
+        .map(|p| model.tokenizer.encode(p))
+        .collect();
+    let (mut a, la) = prefilled(&mut exec, &model, CONTEXT, &ids[0]);
+    let (mut b, lb) = prefilled(&mut exec, &model, CONTEXT, &ids[1]);
+    let tokens = [argmax(&la) as u32, argmax(&lb) as u32];
+    let e = model
+        .step_batch(&mut exec, vec![&mut a, &mut b], &tokens)
+        .expect_err("the injected fault fails the step");
+    for c in [&a, &b] {
+        let why = c.poisoned().expect("poisoned");
+        assert!(why.contains("the cohort step failed"), "{why} ({e})");
+    }
+    assert_eq!(
+        (a.position() as usize, b.position() as usize),
+        (ids[0].len(), ids[1].len()),
+        "nothing is published"
+    );
+}
