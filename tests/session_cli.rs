@@ -5,7 +5,7 @@
 //! was.
 //!
 //! The model comes from `fetch::ensure`; without it the tests print why and
-//! pass, unless `WEFT_REQUIRE_MODEL` is set.
+//! pass, unless `WEFT_TEST_REQUIRE_MODEL` is set.
 
 mod common;
 
@@ -54,7 +54,7 @@ impl Drop for Scratch {
 fn model_path() -> Option<PathBuf> {
     match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
         Ok(p) => Some(p),
-        Err(e) if std::env::var_os("WEFT_REQUIRE_MODEL").is_none() => {
+        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!("skipping: the SmolLM2 model is not available ({e})");
             None
         }
