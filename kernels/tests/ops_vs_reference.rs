@@ -223,6 +223,35 @@ fn rope_matches_reference() {
                 1e-2,
                 "rope yarn",
             );
+            // Per-pair frequency divisors (Llama 3's rope_freqs.weight):
+            // the same drift as plain rope.
+            let factors: Vec<f32> = (0..n_dims / 2)
+                .map(|i| 1.0 + (i % 5) as f32 * 1.75)
+                .collect();
+            let f = mem.f32_tensor(&[n_dims / 2], &factors).unwrap();
+            let plain = RopeParams::plain(mode, d, n_dims, 500000.0);
+            compare(
+                &node(Op::RopeFactors(plain), vec![x, p, f], vec![o]),
+                &mem,
+                2e-3,
+                1e-2,
+                "rope factors",
+            );
+            // Factors of one are plain rope, bit for bit.
+            let ones = mem
+                .f32_tensor(&[n_dims / 2], &vec![1.0; n_dims / 2])
+                .unwrap();
+            let with_ones = run_cpu(
+                &node(Op::RopeFactors(plain), vec![x, p, ones], vec![o]),
+                &mem,
+                2,
+            );
+            let without = run_cpu(&node(Op::Rope(plain), vec![x, p], vec![o]), &mem, 2);
+            assert_eq!(
+                with_ones.to_f32(&o).unwrap(),
+                without.to_f32(&o).unwrap(),
+                "rope factors of one"
+            );
         }
     }
 }

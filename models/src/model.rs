@@ -97,6 +97,7 @@ impl Model {
                 )))
             }
         };
+        check_backend(&family, exec.device())?;
         check_all_tensors_used(&weights, &family, &arch)?;
         drop(weights);
         let tokenizer = Tokenizer::from_gguf(&file)?;
@@ -423,6 +424,23 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Refuses, at load, a feature of the model whose op only the CPU backend
+/// implements (the others would refuse it at the first step).
+fn check_backend(family: &Family, device: weft_runtime::Device) -> Result<(), ModelError> {
+    if device == weft_runtime::Device::Cpu {
+        return Ok(());
+    }
+    if let Family::Llama(m) = family {
+        if m.rope_factors.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "rope frequency factors (rope_freqs.weight, Llama 3 rope scaling) on {device:?}: \
+                 only the CPU backend implements them"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a tensor the family did not take, unless it is one the family

@@ -204,6 +204,25 @@ pub trait Builder: Recorder {
         )
     }
 
+    /// [`Builder::rope`] with each pair's angle divided by its frequency
+    /// factor (`factors f32 [n_dims / 2]`, Llama 3's `rope_freqs.weight`).
+    fn rope_factors(
+        &mut self,
+        x: Tensor,
+        positions: Tensor,
+        factors: Tensor,
+        params: RopeParams,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::RopeFactors(params),
+            vec![x, positions, factors],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
+    }
+
     /// Row softmax of `x * scale`.
     fn softmax(
         &mut self,

@@ -192,6 +192,12 @@ pub enum Op {
     },
     /// Rotary embedding: inputs `x f32 [n, heads * head_dim]`, `positions i32 [n]`.
     Rope(RopeParams),
+    /// Rotary embedding with a per-pair frequency divisor: inputs `x f32
+    /// [n, heads * head_dim]`, `positions i32 [n]`, `factors f32
+    /// [n_dims / 2]`. Pair `i` turns by the angle [`Op::Rope`] gives it
+    /// with `position * base^(-2i / n_dims)` divided by `factors[i]`
+    /// (llama.cpp's `freq_factors`: Llama 3's `rope_freqs.weight`).
+    RopeFactors(RopeParams),
     /// Row softmax of `x * scale`.
     Softmax {
         /// Applied to `x` before the softmax.
@@ -449,6 +455,7 @@ impl Op {
             Op::Mul => "mul",
             Op::Scale { .. } => "scale",
             Op::Rope(_) => "rope",
+            Op::RopeFactors(_) => "rope_factors",
             Op::Softmax { .. } => "softmax",
             Op::Attention(_) => "attention",
             Op::SiluMul => "silu_mul",

@@ -93,8 +93,19 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &outs[0]])?;
             same_shape(name, &ins[0], &outs[0])?;
         }
-        Op::Rope(p) => {
-            arity(2, 1)?;
+        Op::Rope(p) | Op::RopeFactors(p) => {
+            let factors = matches!(node.op, Op::RopeFactors(_));
+            arity(if factors { 3 } else { 2 }, 1)?;
+            if factors {
+                all_f32(name, &[&ins[2]])?;
+                if ins[2].shape.elements() != p.n_dims / 2 {
+                    return shape_err(format!(
+                        "{} frequency factors for {} rotated pairs",
+                        ins[2].shape.elements(),
+                        p.n_dims / 2
+                    ));
+                }
+            }
             all_f32(name, &[&ins[0], &outs[0]])?;
             dtype(name, &ins[1], &[DType::I32])?;
             same_shape(name, &ins[0], &outs[0])?;

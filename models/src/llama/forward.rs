@@ -104,9 +104,9 @@ impl Llama {
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
         let q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
         s.tap(format_args!("Qcur-{l}"), q)?;
-        let q = s.rope(q, positions, c.rope, "rope_q")?;
+        let q = self.rope(s, q, positions, "rope_q")?;
         let k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
-        let k = s.rope(k, positions, c.rope, "rope_k")?;
+        let k = self.rope(s, k, positions, "rope_k")?;
         s.tap(format_args!("Kcur-{l}"), k)?;
         let v = projection(s, h, hq, w.wv, w.bias.v, "attn_v")?;
         s.tap(format_args!("Vcur-{l}"), v)?;
@@ -152,6 +152,24 @@ impl Llama {
         s.add_into(x, d, "ffn_residual")?;
         s.tap(format_args!("l_out-{l}"), x)?;
         Ok(x)
+    }
+}
+
+impl Llama {
+    /// Rope of `x` at `positions`, with the file's frequency factors when
+    /// it has them.
+    fn rope(
+        &self,
+        s: &mut GraphSession<'_>,
+        x: Tensor,
+        positions: Tensor,
+        label: &'static str,
+    ) -> Result<Tensor, ModelError> {
+        let p = self.config.rope;
+        Ok(match self.rope_factors {
+            Some(f) => s.rope_factors(x, positions, f, p, label)?,
+            None => s.rope(x, positions, p, label)?,
+        })
     }
 }
 

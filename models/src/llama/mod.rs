@@ -77,11 +77,6 @@ impl LlamaConfig {
                 )))
             }
         }
-        if file.tensor("rope_freqs.weight").is_some() {
-            return Err(ModelError::Unsupported(
-                "per-dimension rope frequency factors (rope_freqs.weight, Llama 3.1 style)".into(),
-            ));
-        }
         let rms_eps = hp.float(
             "attention.layer_norm_rms_epsilon",
             1e-5,
@@ -149,6 +144,10 @@ pub struct Llama {
     pub output_norm: Tensor,
     /// The output projection (the token embedding when tied).
     pub output: Tensor,
+    /// Per-pair rope frequency divisors (`rope_freqs.weight`, f32
+    /// `[n_dims / 2]`): Llama 3.1's `llama3` rope scaling, which the
+    /// converter bakes into this tensor.
+    pub rope_factors: Option<Tensor>,
     /// Attention rounded as llama.cpp's flash-attention kernels do (true,
     /// the default, as llama.cpp's tools run), or as llama.cpp with flash
     /// attention off (false; the CPU backend only).
@@ -218,12 +217,14 @@ impl Llama {
             Some(o) => crate::weights::check_output(o, token_embd, c.hidden)?,
             None => token_embd,
         };
+        let rope_factors = load_rope_factors(weights, &c)?;
         Ok(Llama {
             config: c,
             token_embd,
             layers,
             output_norm,
             output,
+            rope_factors,
             flash_attention: true,
         })
     }
@@ -265,4 +266,24 @@ fn load_qkv_bias(
         k: bias("attn_k", c.kv_width())?,
         v: bias("attn_v", c.kv_width())?,
     })
+}
+
+/// `rope_freqs.weight` where the file has it: one f32 divisor per rotated
+/// pair, shared by every layer (llama.cpp's `freq_factors`).
+fn load_rope_factors(
+    weights: &WeightMap<'_>,
+    c: &LlamaConfig,
+) -> Result<Option<Tensor>, ModelError> {
+    const NAME: &str = "rope_freqs.weight";
+    if weights.file().tensor(NAME).is_none() {
+        return Ok(None);
+    }
+    let t = weights.expect(NAME, &[c.rope.n_dims / 2])?;
+    if t.dtype != DType::F32 {
+        return Err(ModelError::Unsupported(format!(
+            "{NAME} is {}; rope frequency factors must be f32",
+            t.dtype
+        )));
+    }
+    Ok(Some(t))
 }

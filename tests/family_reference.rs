@@ -1,0 +1,215 @@
+//! Tiny random-weight models of each family weft runs through the Llama
+//! pass, against llama.cpp 0c1e57098 and transformers on the same GGUF.
+//!
+//! The fixtures (`tests/reference/families/FAMILY.{gguf,json}`) come
+//! from `scripts/family_fixtures.py`: a transformers model of the
+//! architecture (2 layers, width 64, 4 heads over 2 KV heads, f32
+//! weights, random norm weights), converted by llama.cpp's
+//! `convert_hf_to_gguf.py`, with a small trained tokenizer of the
+//! family's kind. The JSON holds llama.cpp's prompt ids, its 16-token
+//! greedy continuation and top-5 logits at every step (CPU, 2 threads, KV
+//! cache f16, flash attention as weft runs the architecture), and
+//! transformers' fp32 logits of the first step.
+//!
+//! Checked, in exact and in fast numerics: the prompt ids equal
+//! llama.cpp's; the free-running greedy continuation equals llama.cpp's;
+//! every top-5 logit at every step is within [`LLAMA_CPP_TOLERANCE`] of
+//! llama.cpp's ([`LLAMA_CPP_TOLERANCE_FAST`] in fast numerics), and the first step's logits within
+//! [`TRANSFORMERS_TOLERANCE`] of transformers' over the whole vocabulary.
+
+mod common;
+
+use common::{read_reference_json, reference_dir};
+use weft::models::sampling::argmax;
+use weft::models::{LogitRows, Model};
+use weft::runtime::{Device, ExecutorConfig, GraphExecutor, Numerics};
+
+/// Largest difference allowed from llama.cpp's top-5 logits in exact
+/// numerics. Both run f32 weights with f32 activations and round keys and
+/// values to f16 in the cache; exact numerics follow llama.cpp's
+/// arithmetic but for the order of some f32 sums (the f32 matmuls), so
+/// logits (magnitude up to ~5) differ by a few ulps (measured: at most
+/// 2.4e-7).
+const LLAMA_CPP_TOLERANCE: f32 = 1e-5;
+
+/// The same in fast numerics: attention sums in another order with its
+/// own exponential, and its f16 roundings of the probabilities differ
+/// from llama.cpp's, an error of about 2^-11 relative on each attention
+/// output (measured: at most 2.1e-3).
+const LLAMA_CPP_TOLERANCE_FAST: f32 = 1e-2;
+
+/// Largest difference allowed from transformers' fp32 logits of the first
+/// step: transformers keeps keys and values in f32, weft (like llama.cpp)
+/// rounds them to f16, a relative error of 2^-11 on every cached value.
+const TRANSFORMERS_TOLERANCE: f32 = 2e-2;
+
+struct Case {
+    text: String,
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    top5: Vec<Vec<(usize, f32)>>,
+    transformers_first: Vec<f32>,
+}
+
+fn cases(family: &str) -> Vec<Case> {
+    let doc = read_reference_json(&reference_dir().join(format!("families/{family}.json")));
+    assert_eq!(doc["family"].as_str(), Some(family));
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        serde_json::from_value(v.clone()).expect("token ids")
+    };
+    doc["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            text: c["text"].as_str().expect("text").to_string(),
+            prompt: ids(&c["prompt_ids"]),
+            greedy: ids(&c["greedy_ids"]),
+            top5: c["top5_steps"]
+                .as_array()
+                .expect("top5_steps")
+                .iter()
+                .map(|step| {
+                    step.as_array()
+                        .expect("top5")
+                        .iter()
+                        .map(|p| {
+                            (
+                                p[0].as_u64().expect("id") as usize,
+                                p[1].as_f64().expect("logit") as f32,
+                            )
+                        })
+                        .collect()
+                })
+                .collect(),
+            transformers_first: serde_json::from_value(c["transformers_first_logits"].clone())
+                .expect("transformers_first_logits"),
+        })
+        .collect()
+}
+
+fn load(family: &str, numerics: Numerics, threads: usize) -> (GraphExecutor, Model) {
+    let config = ExecutorConfig {
+        threads,
+        check_schedules: true,
+        numerics,
+        ..Default::default()
+    };
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let path = reference_dir().join(format!("families/{family}.gguf"));
+    let model =
+        Model::load(&path, &mut exec).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
+    (exec, model)
+}
+
+/// Largest differences seen: from llama.cpp's top-5 logits, from
+/// transformers' first-step logits.
+#[derive(Default)]
+struct Diffs {
+    llama_cpp: f32,
+    transformers: f32,
+}
+
+fn run_family(family: &str, arch: &str, numerics: Numerics, threads: usize) -> Diffs {
+    let (mut exec, model) = load(family, numerics, threads);
+    assert_eq!(model.arch, arch);
+    let mut failures = Vec::new();
+    let mut diffs = Diffs::default();
+    let tolerance = match numerics {
+        Numerics::Exact => LLAMA_CPP_TOLERANCE,
+        Numerics::Fast => LLAMA_CPP_TOLERANCE_FAST,
+    };
+    let cases = cases(family);
+    assert!(!cases.is_empty());
+    for (i, case) in cases.iter().enumerate() {
+        assert_eq!(
+            model.tokenizer.encode(&case.text),
+            case.prompt,
+            "{family} case {i}: prompt ids"
+        );
+        let mut cache = model.new_cache(&mut exec, 64, 64).expect("cache");
+        let mut logits = model
+            .prefill(
+                &mut exec,
+                &mut cache,
+                &case.prompt,
+                &model.chunk_policy(),
+                LogitRows::Last,
+            )
+            .expect("prefill");
+        assert_eq!(
+            logits.len(),
+            case.transformers_first.len(),
+            "{family}: vocabulary"
+        );
+        for (id, (&got, &want)) in logits.iter().zip(&case.transformers_first).enumerate() {
+            let d = (got - want).abs();
+            diffs.transformers = diffs.transformers.max(d);
+            if d > TRANSFORMERS_TOLERANCE {
+                failures.push(format!(
+                    "case {i} first step: logit of {id} is {got}, transformers {want}"
+                ));
+            }
+        }
+        let mut got = Vec::new();
+        for (k, top5) in case.top5.iter().enumerate() {
+            for &(id, want) in top5 {
+                let d = (logits[id] - want).abs();
+                diffs.llama_cpp = diffs.llama_cpp.max(d);
+                if d > tolerance {
+                    failures.push(format!(
+                        "case {i} step {k}: logit of {id} is {}, llama.cpp {want}",
+                        logits[id]
+                    ));
+                }
+            }
+            let t = argmax(&logits) as u32;
+            got.push(t);
+            if k + 1 < case.greedy.len() {
+                // Teacher-forced with llama.cpp's token, so one early
+                // disagreement cannot hide the later steps.
+                logits = model
+                    .step(&mut exec, &mut cache, &[case.greedy[k]], LogitRows::Last)
+                    .expect("decode");
+            }
+        }
+        if got != case.greedy {
+            failures.push(format!(
+                "case {i}: greedy\n  got  {got:?}\n  want {:?}",
+                case.greedy
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{family} ({numerics:?}):\n{}",
+        failures.join("\n")
+    );
+    eprintln!(
+        "{family} ({numerics:?}, {threads} threads): max |logit - llama.cpp| {:.3e}, max |logit - transformers| {:.3e}",
+        diffs.llama_cpp, diffs.transformers
+    );
+    diffs
+}
+
+fn check_family(family: &str, arch: &str) {
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        for threads in [1, 2] {
+            run_family(family, arch, numerics, threads);
+        }
+    }
+}
+
+/// Llama 3.x: `llama` with `rope_freqs.weight` (the `llama3` rope
+/// scaling, factor 8 over an original context of 64) and the `llama-bpe`
+/// pre-tokenizer.
+#[test]
+fn llama3_matches_llama_cpp() {
+    check_family("llama3", "llama");
+}
+
+/// Mistral: `llama` with a SentencePiece vocabulary.
+#[test]
+fn mistral_matches_llama_cpp() {
+    check_family("mistral", "llama");
+}
