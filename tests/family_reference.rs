@@ -213,3 +213,17 @@ fn llama3_matches_llama_cpp() {
 fn mistral_matches_llama_cpp() {
     check_family("mistral", "llama");
 }
+
+/// Qwen 3: `qwen3`, per-head q/k RMS norms before rope, NEOX rope, the
+/// `qwen2` pre-tokenizer.
+#[test]
+fn qwen3_matches_llama_cpp() {
+    check_family("qwen3", "qwen3");
+}
+
+/// Phi-3: `phi3`, fused qkv and gate/up matrices, queries scaled before
+/// attention, a SentencePiece vocabulary with Phi-3's chat tokens.
+#[test]
+fn phi3_matches_llama_cpp() {
+    check_family("phi3", "phi3");
+}

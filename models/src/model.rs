@@ -78,22 +78,22 @@ impl Model {
     ) -> Result<Model, ModelError> {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
-        let family = match arch.as_str() {
-            "llama" => Family::Llama(Llama::load(&weights, LlamaArch::Llama)?),
-            "qwen2" => {
-                let mut m = Llama::load(&weights, LlamaArch::Qwen2)?;
-                m.flash_attention = LlamaArch::Qwen2.flash_attention(exec.device());
+        let family = match (LlamaArch::from_name(&arch), arch.as_str()) {
+            (Some(a), _) => {
+                let mut m = Llama::load(&weights, a)?;
+                m.flash_attention = a.flash_attention(exec.device());
                 Family::Llama(m)
             }
-            "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
-            "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
+            (None, "gemma3") => Family::Gemma3(Gemma3::load(&weights)?),
+            (None, "deepseek4") => Family::DeepSeek4(Box::new(DeepSeek4::load(
                 &weights,
                 exec,
                 Default::default(),
             )?)),
-            other => {
+            (None, other) => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama, qwen2, gemma3, deepseek4)"
+                    "architecture `{other}` (weft runs: {})",
+                    runnable_architectures().join(", ")
                 )))
             }
         };
@@ -424,6 +424,13 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Every `general.architecture` weft runs, in the order messages list them.
+pub fn runnable_architectures() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = LlamaArch::ALL.iter().map(|a| a.name()).collect();
+    names.extend(["gemma3", "deepseek4"]);
+    names
 }
 
 /// Refuses, at load, a feature of the model whose op only the CPU backend

@@ -3,7 +3,7 @@
 //! Written in the order a model author thinks of it (each projection
 //! followed by its rope); the reorder pass finds what can run together.
 
-use super::{Llama, LlamaLayer};
+use super::{Llama, LlamaArch, LlamaLayer};
 use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
@@ -102,11 +102,23 @@ impl Llama {
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
         s.tap(format_args!("attn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
-        let q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
+        let mut q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
+        let mut k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
+        if let Some((q_norm, k_norm)) = w.qk_norm {
+            q = head_norm(s, q, c.heads, q_norm, c.rms_eps, "attn_q_norm")?;
+            s.tap(format_args!("Qcur_normed-{l}"), q)?;
+            k = head_norm(s, k, c.kv_heads, k_norm, c.rms_eps, "attn_k_norm")?;
+            s.tap(format_args!("Kcur_normed-{l}"), k)?;
+        }
         s.tap(format_args!("Qcur-{l}"), q)?;
-        let q = self.rope(s, q, positions, "rope_q")?;
-        let k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
+        let mut q = self.rope(s, q, positions, "rope_q")?;
         let k = self.rope(s, k, positions, "rope_k")?;
+        // Phi-3 scales the queries, then attends with a scale of one.
+        let mut scale = 1.0 / (c.head_dim as f32).sqrt();
+        if self.arch == LlamaArch::Phi3 {
+            q = s.scale(q, scale, "attn_q_scale")?;
+            scale = 1.0;
+        }
         s.tap(format_args!("Kcur-{l}"), k)?;
         let v = projection(s, h, hq, w.wv, w.bias.v, "attn_v")?;
         s.tap(format_args!("Vcur-{l}"), v)?;
@@ -117,7 +129,7 @@ impl Llama {
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale,
             q_position: span.start,
             window: kv.window,
             ring: kv.ring,
@@ -171,6 +183,21 @@ impl Llama {
             None => s.rope(x, positions, p, label)?,
         })
     }
+}
+
+/// RMS norm of each of the `heads` heads of every row of `x`, with weight
+/// `w` (`[head_dim]`), as one norm over the rows viewed as heads.
+fn head_norm(
+    s: &mut GraphSession<'_>,
+    x: Tensor,
+    heads: usize,
+    w: Tensor,
+    eps: f32,
+    label: &'static str,
+) -> Result<Tensor, ModelError> {
+    let per_head = s.reshape_rows(x, heads)?;
+    let normed = s.rms_norm(per_head, w, eps, label)?;
+    Ok(normed.reshape(x.shape.dims())?)
 }
 
 /// `h @ w^T (+ bias)`, reading `hq` (`h` already quantized for another

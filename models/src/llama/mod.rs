@@ -1,6 +1,7 @@
-//! The Llama family (`general.architecture = llama`): SmolLM2, Llama 2/3,
-//! Mistral-style models, and Qwen 2 / 2.5 (`qwen2`: NEOX rope, q/k/v
-//! biases; `arch.rs`). Config from GGUF metadata, weights as views of the
+//! The Llama family (`general.architecture = llama`): SmolLM2, Llama 2/3
+//! (with `rope_freqs.weight`), Mistral-style models, Qwen 2 / 2.5
+//! (`qwen2`), Qwen 3 (`qwen3`) and Phi-3 (`phi3`); how those differ is in
+//! `arch.rs`. Config from GGUF metadata, weights as views of the
 //! mapped file, and the forward pass recorded with the builder API.
 
 mod arch;
@@ -126,6 +127,9 @@ pub struct LlamaLayer {
     pub down: Tensor,
     /// Biases added to the q, k and v projections (Qwen 2), before rope.
     pub bias: QkvBias,
+    /// Per-head RMS norm weights of queries and keys (`[head_dim]`, Qwen 3),
+    /// applied before rope.
+    pub qk_norm: Option<(Tensor, Tensor)>,
 }
 
 /// Optional per-projection biases, one row each (`blk.N.attn_{q,k,v}.bias`).
@@ -138,6 +142,7 @@ pub struct QkvBias {
 
 /// A loaded Llama-family model.
 pub struct Llama {
+    pub arch: LlamaArch,
     pub config: LlamaConfig,
     pub token_embd: Tensor,
     pub layers: Vec<LlamaLayer>,
@@ -179,20 +184,57 @@ impl Llama {
                 c.vocab
             )));
         }
+        for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if weights.file().tensor(t).is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "{t}: long-context rope factors (Phi-3 `longrope` scaling)"
+                )));
+            }
+        }
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let name = |n: &str| format!("blk.{l}.{n}.weight");
+            let q_rows = c.heads * c.head_dim;
+            let (wq, wk, wv, gate, up) = if arch.fused_projections() {
+                let qkv =
+                    weights.expect(&name("attn_qkv"), &[q_rows + 2 * c.kv_width(), c.hidden])?;
+                let gate_up = weights.expect(&name("ffn_up"), &[2 * c.ffn, c.hidden])?;
+                (
+                    qkv.rows_view(0, q_rows)?,
+                    qkv.rows_view(q_rows, c.kv_width())?,
+                    qkv.rows_view(q_rows + c.kv_width(), c.kv_width())?,
+                    gate_up.rows_view(0, c.ffn)?,
+                    gate_up.rows_view(c.ffn, c.ffn)?,
+                )
+            } else {
+                (
+                    weights.expect(&name("attn_q"), &[q_rows, c.hidden])?,
+                    weights.expect(&name("attn_k"), &[c.kv_width(), c.hidden])?,
+                    weights.expect(&name("attn_v"), &[c.kv_width(), c.hidden])?,
+                    weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
+                    weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
+                )
+            };
+            let qk_norm = if arch.qk_norm() {
+                Some((
+                    weights.expect(&name("attn_q_norm"), &[c.head_dim])?,
+                    weights.expect(&name("attn_k_norm"), &[c.head_dim])?,
+                ))
+            } else {
+                None
+            };
             let layer = LlamaLayer {
                 attn_norm: weights.expect(&name("attn_norm"), &[c.hidden])?,
-                wq: weights.expect(&name("attn_q"), &[c.heads * c.head_dim, c.hidden])?,
-                wk: weights.expect(&name("attn_k"), &[c.kv_width(), c.hidden])?,
-                wv: weights.expect(&name("attn_v"), &[c.kv_width(), c.hidden])?,
-                wo: weights.expect(&name("attn_output"), &[c.hidden, c.heads * c.head_dim])?,
+                wq,
+                wk,
+                wv,
+                wo: weights.expect(&name("attn_output"), &[c.hidden, q_rows])?,
                 ffn_norm: weights.expect(&name("ffn_norm"), &[c.hidden])?,
-                gate: weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
-                up: weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
+                gate,
+                up,
                 down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
                 bias: load_qkv_bias(weights, &c, l)?,
+                qk_norm,
             };
             for (n, t) in [
                 ("attn_q", layer.wq),
@@ -219,6 +261,7 @@ impl Llama {
         };
         let rope_factors = load_rope_factors(weights, &c)?;
         Ok(Llama {
+            arch,
             config: c,
             token_embd,
             layers,
@@ -239,7 +282,7 @@ fn load_qkv_bias(
     l: usize,
 ) -> Result<QkvBias, ModelError> {
     let name = |n: &str| format!("blk.{l}.{n}.bias");
-    for n in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+    for n in ["attn_output", "attn_qkv", "ffn_gate", "ffn_up", "ffn_down"] {
         if weights.file().tensor(&name(n)).is_some() {
             return Err(ModelError::Unsupported(format!(
                 "{}: a bias on {n} (weft adds biases to attn_q, attn_k and attn_v only)",
