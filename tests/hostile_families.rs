@@ -111,15 +111,16 @@ fn missing_or_unimplemented_tensors_are_refused_by_name() {
 fn architectures_weft_does_not_run_are_refused_with_the_ones_it_does() {
     let err = refusal(
         "qwen3",
-        &[Edit::Set("general.architecture", Value::from("qwen3moe"))],
+        &[Edit::Set("general.architecture", Value::from("qwen2moe"))],
     );
     assert_names(
         &err,
         &[
-            "qwen3moe",
+            "qwen2moe",
             "llama",
             "qwen2",
             "qwen3",
+            "qwen3moe",
             "phi3",
             "gemma3",
             "deepseek4",

@@ -257,6 +257,35 @@ fn rope_matches_reference() {
 }
 
 #[test]
+fn moe_softmax_routing_matches_reference() {
+    let mut rng = Rng(11);
+    let mut mem = HostMemory::default();
+    let (n, e, k) = (5, 8, 3);
+    let mut probs = rng.vec(n * e, 1.0);
+    probs[3] = probs[5]; // a tie: the lower id first
+    let p = mem.f32_tensor(&[n, e], &probs).unwrap();
+    let ids = mem.zeros(DType::I32, &[n, k]).unwrap();
+    let w = mem.zeros(DType::F32, &[n, k]).unwrap();
+    let top = node(Op::MoeTopK { k }, vec![p], vec![ids]);
+    let got = run_cpu(&top, &mem, 2);
+    assert_eq!(
+        got.to_i32(&ids),
+        run_ref(&top, &mem).to_i32(&ids),
+        "moe_top_k"
+    );
+    for normalize in [false, true] {
+        // The same sums in the same order: identical.
+        compare(
+            &node(Op::MoeGather { normalize }, vec![p, ids], vec![w]),
+            &got,
+            0.0,
+            0.0,
+            "moe_gather",
+        );
+    }
+}
+
+#[test]
 fn attention_matches_reference() {
     let mut rng = Rng(4);
     for (kv_dtype, tol) in [(DType::F32, 1e-4), (DType::F16, 3e-2)] {

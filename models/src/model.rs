@@ -446,6 +446,13 @@ fn check_backend(family: &Family, device: weft_runtime::Device) -> Result<(), Mo
                  only the CPU backend implements them"
             )));
         }
+        if m.arch.moe() {
+            return Err(ModelError::Unsupported(format!(
+                "softmax-routed experts ({}) on {device:?}: only the CPU backend implements \
+                 their routing",
+                m.arch.name()
+            )));
+        }
     }
     Ok(())
 }

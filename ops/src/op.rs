@@ -355,6 +355,21 @@ pub enum Op {
     /// Weighted sum of expert outputs: inputs `y f32 [n, k * d]`, `weights
     /// f32 [n, k]`; output `f32 [n, d]`.
     MoeCombine,
+    /// Top-k selection of a MoE router's probabilities (softmax gating):
+    /// input `probs f32 [n, E]`, output `i32 [n, k]`, the ids of each row's
+    /// `k` largest values in descending order, ties to the lower id.
+    MoeTopK {
+        /// Experts per token.
+        k: usize,
+    },
+    /// The router probabilities of the selected experts: inputs `probs f32
+    /// [n, E]`, `ids i32 [n, k]`; output `f32 [n, k]`, `probs[ids]`, with
+    /// `normalize` divided by their sum (summed in order, clamped below at
+    /// 2^-14 as llama.cpp does).
+    MoeGather {
+        /// Renormalise over the selected experts.
+        normalize: bool,
+    },
 }
 
 impl Op {
@@ -478,6 +493,8 @@ impl Op {
             Op::MoeWeights(_) => "moe_weights",
             Op::SwigluClamp { .. } => "swiglu_clamp",
             Op::MoeCombine => "moe_combine",
+            Op::MoeTopK { .. } => "moe_top_k",
+            Op::MoeGather { .. } => "moe_gather",
             Op::RmsNormQuantize { .. } => "rms_norm+quantize",
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",

@@ -23,6 +23,7 @@ mod moe;
 mod norm;
 pub mod quant;
 mod rope;
+mod route;
 mod rows;
 pub mod simd;
 mod sink_attention;
@@ -206,6 +207,8 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         | Op::RmsNorm { .. }
         | Op::Rope(_)
         | Op::RopeFactors(_)
+        | Op::MoeTopK { .. }
+        | Op::MoeGather { .. }
         | Op::Softmax { .. }
         | Op::Argmax => WorkSplit::new(rows, rows_per_item(rows, threads)),
         Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul => {
@@ -286,6 +289,11 @@ pub unsafe fn run_item(
             rope::rope(&ins[0], &ins[1], Some(&ins[2]), out, p, units);
             Ok(())
         }
+        Op::MoeTopK { k } => {
+            route::top_k(&ins[0], out, *k, units);
+            Ok(())
+        }
+        Op::MoeGather { normalize } => route::gather(&ins[0], &ins[1], out, *normalize, units),
         Op::Softmax { scale } => {
             softmax::softmax(&ins[0], out, *scale, units);
             Ok(())

@@ -6,6 +6,10 @@
 //!   projections.
 //! - Qwen 3 (`qwen3`): NEOX rope, an RMS norm over each query and key head
 //!   before rope (`attn_q_norm`, `attn_k_norm`), no biases.
+//! - Qwen 3 MoE (`qwen3moe`): Qwen 3's attention, and in every layer
+//!   experts instead of the feed-forward block: a softmax over the router
+//!   logits, the top `expert_used_count` experts, their probabilities
+//!   renormalised (`moe.rs`).
 //! - Phi-3 (`phi3`): NEOX rope, the q, k and v projections fused into one
 //!   matrix (`attn_qkv`, rows q then k then v) and the gate and up
 //!   projections into another (`ffn_up`, rows gate then up); queries are
@@ -27,14 +31,17 @@ pub enum LlamaArch {
     Qwen3,
     /// `phi3`: Phi-3 and Phi-3.5 (dense).
     Phi3,
+    /// `qwen3moe`: Qwen 3 mixture-of-experts.
+    Qwen3Moe,
 }
 
 impl LlamaArch {
     /// Every architecture of the family, in the order error messages list them.
-    pub const ALL: [LlamaArch; 4] = [
+    pub const ALL: [LlamaArch; 5] = [
         LlamaArch::Llama,
         LlamaArch::Qwen2,
         LlamaArch::Qwen3,
+        LlamaArch::Qwen3Moe,
         LlamaArch::Phi3,
     ];
 
@@ -50,6 +57,7 @@ impl LlamaArch {
             LlamaArch::Qwen2 => "qwen2",
             LlamaArch::Qwen3 => "qwen3",
             LlamaArch::Phi3 => "phi3",
+            LlamaArch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -62,7 +70,9 @@ impl LlamaArch {
     pub fn flash_attention(self, device: Device) -> bool {
         match self {
             LlamaArch::Llama => true,
-            LlamaArch::Qwen2 | LlamaArch::Qwen3 | LlamaArch::Phi3 => device != Device::Cpu,
+            LlamaArch::Qwen2 | LlamaArch::Qwen3 | LlamaArch::Qwen3Moe | LlamaArch::Phi3 => {
+                device != Device::Cpu
+            }
         }
     }
 
@@ -71,13 +81,20 @@ impl LlamaArch {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             LlamaArch::Llama => RopeMode::Normal,
-            LlamaArch::Qwen2 | LlamaArch::Qwen3 | LlamaArch::Phi3 => RopeMode::Neox,
+            LlamaArch::Qwen2 | LlamaArch::Qwen3 | LlamaArch::Qwen3Moe | LlamaArch::Phi3 => {
+                RopeMode::Neox
+            }
         }
     }
 
     /// Whether each query and key head is RMS-normed before rope.
     pub fn qk_norm(self) -> bool {
-        self == LlamaArch::Qwen3
+        matches!(self, LlamaArch::Qwen3 | LlamaArch::Qwen3Moe)
+    }
+
+    /// Whether every layer's feed-forward block is softmax-routed experts.
+    pub fn moe(self) -> bool {
+        self == LlamaArch::Qwen3Moe
     }
 
     /// Whether the q, k, v and the gate, up projections are stored fused.
@@ -95,7 +112,7 @@ mod tests {
         for a in LlamaArch::ALL {
             assert_eq!(LlamaArch::from_name(a.name()), Some(a));
         }
-        assert_eq!(LlamaArch::from_name("qwen3moe"), None);
+        assert_eq!(LlamaArch::from_name("qwen2moe"), None);
         assert_eq!(LlamaArch::Llama.rope_mode(), RopeMode::Normal);
         for a in [LlamaArch::Qwen2, LlamaArch::Qwen3, LlamaArch::Phi3] {
             assert_eq!(a.rope_mode(), RopeMode::Neox);

@@ -3,7 +3,7 @@
 //! Written in the order a model author thinks of it (each projection
 //! followed by its rope); the reorder pass finds what can run together.
 
-use super::{Llama, LlamaArch, LlamaLayer};
+use super::{Llama, LlamaArch, LlamaFfn, LlamaLayer};
 use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
@@ -152,14 +152,24 @@ impl Llama {
         s.add_into(x, o, "attn_residual")?;
         s.tap(format_args!("ffn_inp-{l}"), x)?;
         let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
-        let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
-        let g = s.matmul(hq, w.gate, "ffn_gate")?;
-        let u = projection(s, h, hq, w.up, None, "ffn_up")?;
+        let (gate, up, down) = match w.ffn {
+            LlamaFfn::Dense { gate, up, down } => (gate, up, down),
+            LlamaFfn::Moe(moe) => {
+                let d = moe.record(s, h, l)?;
+                s.tap(format_args!("ffn_moe_out-{l}"), d)?;
+                s.add_into(x, d, "ffn_residual")?;
+                s.tap(format_args!("l_out-{l}"), x)?;
+                return Ok(x);
+            }
+        };
+        let hq = s.activations_for(h, gate.dtype, "ffn_norm.act")?;
+        let g = s.matmul(hq, gate, "ffn_gate")?;
+        let u = projection(s, h, hq, up, None, "ffn_up")?;
         s.tap(format_args!("ffn_gate-{l}"), g)?;
         s.tap(format_args!("ffn_up-{l}"), u)?;
         let m = s.silu_mul(g, u, "ffn_silu_mul")?;
         s.tap(format_args!("ffn_swiglu-{l}"), m)?;
-        let d = s.matmul(m, w.down, "ffn_down")?;
+        let d = s.matmul(m, down, "ffn_down")?;
         s.tap(format_args!("ffn_out-{l}"), d)?;
         s.add_into(x, d, "ffn_residual")?;
         s.tap(format_args!("l_out-{l}"), x)?;

@@ -6,8 +6,10 @@
 
 mod arch;
 mod forward;
+mod moe;
 
 pub use arch::LlamaArch;
+pub use moe::LlamaMoe;
 
 use crate::gguf::GgufFile;
 use crate::hparams::{FloatRange, Hparams, MAX_WIDTH};
@@ -122,14 +124,25 @@ pub struct LlamaLayer {
     pub wv: Tensor,
     pub wo: Tensor,
     pub ffn_norm: Tensor,
-    pub gate: Tensor,
-    pub up: Tensor,
-    pub down: Tensor,
+    pub ffn: LlamaFfn,
     /// Biases added to the q, k and v projections (Qwen 2), before rope.
     pub bias: QkvBias,
     /// Per-head RMS norm weights of queries and keys (`[head_dim]`, Qwen 3),
     /// applied before rope.
     pub qk_norm: Option<(Tensor, Tensor)>,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Copy, Debug)]
+pub enum LlamaFfn {
+    /// `down(silu(gate x) * up x)`.
+    Dense {
+        gate: Tensor,
+        up: Tensor,
+        down: Tensor,
+    },
+    /// Softmax-routed experts (Qwen 3 MoE).
+    Moe(LlamaMoe),
 }
 
 /// Optional per-projection biases, one row each (`blk.N.attn_{q,k,v}.bias`).
@@ -163,7 +176,7 @@ impl Llama {
     /// Loads the weights of `file` (mapped into `weights`' executor).
     pub fn load(weights: &WeightMap<'_>, arch: LlamaArch) -> Result<Llama, ModelError> {
         let c = LlamaConfig::from_gguf(weights.file(), arch)?;
-        if weights.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
+        if !arch.moe() && weights.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
             return Err(ModelError::Unsupported(
                 "mixture-of-experts Llama variants".into(),
             ));
@@ -195,7 +208,7 @@ impl Llama {
         for l in 0..c.layers {
             let name = |n: &str| format!("blk.{l}.{n}.weight");
             let q_rows = c.heads * c.head_dim;
-            let (wq, wk, wv, gate, up) = if arch.fused_projections() {
+            let (wq, wk, wv, dense) = if arch.fused_projections() {
                 let qkv =
                     weights.expect(&name("attn_qkv"), &[q_rows + 2 * c.kv_width(), c.hidden])?;
                 let gate_up = weights.expect(&name("ffn_up"), &[2 * c.ffn, c.hidden])?;
@@ -203,17 +216,33 @@ impl Llama {
                     qkv.rows_view(0, q_rows)?,
                     qkv.rows_view(q_rows, c.kv_width())?,
                     qkv.rows_view(q_rows + c.kv_width(), c.kv_width())?,
-                    gate_up.rows_view(0, c.ffn)?,
-                    gate_up.rows_view(c.ffn, c.ffn)?,
+                    Some((
+                        gate_up.rows_view(0, c.ffn)?,
+                        gate_up.rows_view(c.ffn, c.ffn)?,
+                    )),
                 )
             } else {
                 (
                     weights.expect(&name("attn_q"), &[q_rows, c.hidden])?,
                     weights.expect(&name("attn_k"), &[c.kv_width(), c.hidden])?,
                     weights.expect(&name("attn_v"), &[c.kv_width(), c.hidden])?,
-                    weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
-                    weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
+                    if arch.moe() {
+                        None
+                    } else {
+                        Some((
+                            weights.expect(&name("ffn_gate"), &[c.ffn, c.hidden])?,
+                            weights.expect(&name("ffn_up"), &[c.ffn, c.hidden])?,
+                        ))
+                    },
                 )
+            };
+            let ffn = match dense {
+                Some((gate, up)) => LlamaFfn::Dense {
+                    gate,
+                    up,
+                    down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
+                },
+                None => LlamaFfn::Moe(LlamaMoe::load(weights, weights.file(), arch, c.hidden, l)?),
             };
             let qk_norm = if arch.qk_norm() {
                 Some((
@@ -230,21 +259,20 @@ impl Llama {
                 wv,
                 wo: weights.expect(&name("attn_output"), &[c.hidden, q_rows])?,
                 ffn_norm: weights.expect(&name("ffn_norm"), &[c.hidden])?,
-                gate,
-                up,
-                down: weights.expect(&name("ffn_down"), &[c.hidden, c.ffn])?,
+                ffn,
                 bias: load_qkv_bias(weights, &c, l)?,
                 qk_norm,
             };
-            for (n, t) in [
+            let mut matrices = vec![
                 ("attn_q", layer.wq),
                 ("attn_k", layer.wk),
                 ("attn_v", layer.wv),
                 ("attn_output", layer.wo),
-                ("ffn_gate", layer.gate),
-                ("ffn_up", layer.up),
-                ("ffn_down", layer.down),
-            ] {
+            ];
+            if let LlamaFfn::Dense { gate, up, down } = layer.ffn {
+                matrices.extend([("ffn_gate", gate), ("ffn_up", up), ("ffn_down", down)]);
+            }
+            for (n, t) in matrices {
                 if !is_supported_matrix(t.dtype) {
                     return Err(ModelError::Unsupported(format!(
                         "blk.{l}.{n}.weight is {}",

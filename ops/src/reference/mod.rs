@@ -14,6 +14,7 @@ mod interpreter;
 mod matmul;
 mod norm;
 mod rope;
+mod route;
 mod rows;
 
 use crate::dtype::DType;
@@ -169,6 +170,8 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Scale { factor } => elementwise::unary(mem, &ins[0], |a| a * factor)?,
         Op::Rope(p) => rope::rope(mem, &ins[0], &ins[1], None, p)?,
         Op::RopeFactors(p) => rope::rope(mem, &ins[0], &ins[1], Some(&ins[2]), p)?,
+        Op::MoeTopK { k } => route::top_k(mem, &ins[0], *k)?,
+        Op::MoeGather { normalize } => route::gather(mem, &ins[0], &ins[1], *normalize)?,
         Op::Softmax { scale } => elementwise::softmax(mem, &ins[0], *scale)?,
         Op::Attention(p) => attention::attention(mem, &ins[0], &ins[1], &ins[2], p)?,
         Op::SiluMul => {
