@@ -41,7 +41,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ["llama3", "mistral", "qwen3", "phi3", "qwen3moe"]
+FAMILIES = ["llama3", "mistral", "mistral_swa", "qwen3", "phi3", "qwen3moe"]
+
+# Mistral with its sliding window in the metadata. llama.cpp's converter
+# does not write `llama.attention.sliding_window` and llama.cpp runs
+# `llama` with full attention, so for this one fixture the converter is
+# told to write the key and the reference is transformers' (which applies
+# the window) at every step, not llama.cpp's.
+SWA_WINDOW = 8
 STEPS = 16
 SEED = 1234
 
@@ -199,7 +206,7 @@ def family_model(family, dir_model):
             },
         )
         return tf.LlamaForCausalLM(cfg), "llama-bpe"
-    if family == "mistral":
+    if family in ("mistral", "mistral_swa"):
         vocab = write_spm_tokenizer(dir_model, 400)
         cfg = tf.MistralConfig(
             **COMMON,
@@ -207,7 +214,7 @@ def family_model(family, dir_model):
             bos_token_id=1,
             eos_token_id=2,
             tie_word_embeddings=False,
-            sliding_window=4096,
+            sliding_window=SWA_WINDOW if family == "mistral_swa" else 4096,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         return tf.MistralForCausalLM(cfg), None
@@ -280,16 +287,25 @@ def randomize_norms(model):
 # --------------------------------------------------------------- conversion
 
 
-def convert(llama_cpp, dir_model, out_path, pre):
+def convert(llama_cpp, dir_model, out_path, pre, sliding_window=None):
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
     sys.path.insert(0, str(llama_cpp))
     import convert_hf_to_gguf  # noqa: F401  (registers the model classes)
-    from conversion import base
+    from conversion import base, llama
 
     def known_pre(self, tokenizer):
         return pre
 
     base.TextModel.get_vocab_base_pre = known_pre
+    if not hasattr(llama.LlamaModel, "_plain_gguf_parameters"):
+        llama.LlamaModel._plain_gguf_parameters = llama.LlamaModel.set_gguf_parameters
+
+    def llama_parameters(self):
+        self._plain_gguf_parameters()
+        if sliding_window is not None:
+            self.gguf_writer.add_sliding_window(sliding_window)
+
+    llama.LlamaModel.set_gguf_parameters = llama_parameters
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(dir_model), "--outfile", str(out_path), "--outtype", "f32"]
     try:
@@ -364,6 +380,50 @@ def llama_cpp_outputs(gguf_path, flash_attn):
     return cases
 
 
+def llama_cpp_prompt_ids(gguf_path):
+    """llama.cpp's token ids of every prompt (BOS as the file says)."""
+    import llama_cpp as L
+
+    global _QUIET
+    if _QUIET is None:
+        _QUIET = L.llama_log_callback(lambda level, text, user_data: None)
+    L.llama_log_set(_QUIET, None)
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(gguf_path).encode(), params)
+    vocab = L.llama_model_get_vocab(model)
+    out = []
+    for text in PROMPTS:
+        raw = text.encode()
+        buf = (L.llama_token * 256)()
+        n = L.llama_tokenize(vocab, raw, len(raw), buf, 256, True, False)
+        assert n > 0, n
+        out.append(list(buf[:n]))
+    L.llama_model_free(model)
+    return out
+
+
+def transformers_outputs(model, prompts):
+    """transformers' greedy continuation and top-5 logits at every step
+    (the whole sequence recomputed each step, fp32)."""
+    import torch
+
+    cases = []
+    for text, ids in zip(PROMPTS, prompts):
+        seq = list(ids)
+        greedy, top5 = [], []
+        for _ in range(STEPS):
+            with torch.no_grad():
+                v = model(torch.tensor([seq], dtype=torch.long)).logits[0, -1].tolist()
+            order = heapq.nlargest(5, range(len(v)), key=lambda i: (v[i], -i))
+            top5.append([[i, v[i]] for i in order])
+            greedy.append(order[0])
+            seq.append(order[0])
+        cases.append({"text": text, "prompt_ids": ids, "greedy_ids": greedy, "top5_steps": top5})
+    return cases
+
+
 def transformers_first_step(model, ids):
     import torch
 
@@ -373,7 +433,7 @@ def transformers_first_step(model, ids):
 
 
 # Attention as weft runs each architecture on the CPU (`LlamaArch::flash_attention`).
-FLASH_ATTN = {"llama3": True, "mistral": True, "qwen3": False, "phi3": False, "qwen3moe": False}
+FLASH_ATTN = {"llama3": True, "mistral": True, "mistral_swa": True, "qwen3": False, "phi3": False, "qwen3moe": False}
 
 
 def main():
@@ -396,13 +456,18 @@ def main():
             model = model.to(torch.float32).eval()
             model.save_pretrained(dir_model)
             gguf_path = args.out / f"{family}.gguf"
-            convert(args.llama_cpp, dir_model, gguf_path, pre)
-            cases = llama_cpp_outputs(gguf_path, FLASH_ATTN[family])
+            swa = family == "mistral_swa"
+            convert(args.llama_cpp, dir_model, gguf_path, pre, SWA_WINDOW if swa else None)
+            if swa:
+                cases = transformers_outputs(model, llama_cpp_prompt_ids(gguf_path))
+            else:
+                cases = llama_cpp_outputs(gguf_path, FLASH_ATTN[family])
             for c in cases:
                 c["transformers_first_logits"] = transformers_first_step(model, c["prompt_ids"])
         doc = {
             "family": family,
             "architecture": model.config.architectures[0] if model.config.architectures else type(model).__name__,
+            "reference": "transformers" if swa else "llama.cpp",
             "llama_cpp": {"n_ctx": 64, "n_threads": 2, "flash_attn": FLASH_ATTN[family], "kv_cache": "f16"},
             "steps": STEPS,
             "cases": cases,

@@ -194,7 +194,7 @@ impl Model {
     /// The chunking policy hf2q uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
         let window = match &self.family {
-            Family::Llama(_) => None,
+            Family::Llama(m) => m.config.window,
             Family::Gemma3(m) => m.config.window,
             Family::DeepSeek4(m) => Some(m.config.window),
         };
@@ -207,7 +207,7 @@ impl Model {
             Family::Llama(m) => vec![
                 LayerSpec {
                     width: m.config.kv_width(),
-                    window: None,
+                    window: m.config.window,
                 };
                 m.config.layers
             ],

@@ -1,6 +1,9 @@
 //! The architectures that share the Llama forward pass, and what sets them
 //! apart. All read the same metadata keys under their own prefix.
 //!
+//! - Llama (`llama`) itself: Llama 3's rope scaling arrives as
+//!   `rope_freqs.weight`; an `attention.sliding_window` (Mistral) makes
+//!   every layer a sliding-window layer.
 //! - Qwen 2 / 2.5 (`qwen2`): NEOX-style rope (rotating the two halves of
 //!   each head rather than adjacent pairs) and biases on the q, k and v
 //!   projections.
@@ -90,6 +93,13 @@ impl LlamaArch {
     /// Whether each query and key head is RMS-normed before rope.
     pub fn qk_norm(self) -> bool {
         matches!(self, LlamaArch::Qwen3 | LlamaArch::Qwen3Moe)
+    }
+
+    /// Whether `attention.sliding_window` applies to every layer (Mistral
+    /// as `llama`; llama.cpp runs `llama` files without one, and its
+    /// converter writes none, so a file with the key comes from elsewhere).
+    pub fn sliding_window(self) -> bool {
+        self == LlamaArch::Llama
     }
 
     /// Whether every layer's feed-forward block is softmax-routed experts.

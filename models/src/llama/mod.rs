@@ -30,6 +30,9 @@ pub struct LlamaConfig {
     pub rms_eps: f32,
     pub context: u32,
     pub vocab: usize,
+    /// Keys each query sees on every layer (`llama.attention.sliding_window`,
+    /// Mistral 7B v0.1 style), or all of them.
+    pub window: Option<u32>,
 }
 
 impl LlamaConfig {
@@ -95,7 +98,20 @@ impl LlamaConfig {
             MAX_WIDTH,
             "hard limit of a width",
         )?;
+        // A window of 0 is none (Phi-4 writes 0); Phi-3's window is read
+        // and not applied, as llama.cpp does not apply it.
+        let window = match file.get_u64(&key("attention.sliding_window"))? {
+            Some(w) if w > 0 && arch.sliding_window() => Some(hp.count(
+                "attention.sliding_window",
+                None,
+                1,
+                u32::MAX as usize,
+                "a token position is a u32",
+            )? as u32),
+            _ => None,
+        };
         Ok(LlamaConfig {
+            window,
             layers,
             hidden,
             ffn,
@@ -355,6 +371,19 @@ fn load_rope_factors(
             "{NAME} is {}; rope frequency factors must be f32",
             t.dtype
         )));
+    }
+    // Each factor divides an angle: it must be a finite positive number.
+    let file = weights.file();
+    let data = file
+        .tensor(NAME)
+        .map_or(&[][..], |info| file.tensor_data(info));
+    for (i, b) in data.chunks_exact(4).enumerate() {
+        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if !(v.is_finite() && v > 0.0) {
+            return Err(ModelError::Shape(format!(
+                "{NAME}[{i}] is {v}; rope frequency factors must be finite and positive"
+            )));
+        }
     }
     Ok(Some(t))
 }
