@@ -41,7 +41,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ["llama3", "mistral", "mistral_swa", "qwen3", "phi3", "qwen3moe"]
+FAMILIES = ["llama3", "mistral", "mistral_swa", "qwen3", "phi3", "phi3_longrope", "qwen3moe"]
+
+# Phi-3 with `longrope` scaling: distinct short and long per-pair factors
+# over an original context of 64. llama.cpp takes the long factors when
+# its context exceeds the original one, so it runs this fixture with a
+# context of 128; transformers takes them once the sequence does, so its
+# reference is computed with the short factors replaced by the long ones.
+LONGROPE_SHORT = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5]
+LONGROPE_LONG = [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0]
+N_CTX = {"phi3_longrope": 128}
 
 # Mistral with its sliding window in the metadata. llama.cpp's converter
 # does not write `llama.attention.sliding_window` and llama.cpp runs
@@ -246,7 +255,7 @@ def family_model(family, dir_model):
             norm_topk_prob=True,
         )
         return tf.Qwen3MoeForCausalLM(cfg), "qwen2"
-    if family == "phi3":
+    if family in ("phi3", "phi3_longrope"):
         # Phi-3's chat tokens follow the SentencePiece pieces, as in the real
         # vocabulary (llama.cpp looks `<|endoftext|>` up by name).
         pieces = write_spm_tokenizer(dir_model, 396)
@@ -256,7 +265,7 @@ def family_model(family, dir_model):
         )
         vocab = pieces + len(added)
         args = dict(COMMON)
-        args["max_position_embeddings"] = 4096
+        args["max_position_embeddings"] = 4096 if family == "phi3" else 256
         cfg = tf.Phi3Config(
             **args,
             vocab_size=vocab,
@@ -265,11 +274,42 @@ def family_model(family, dir_model):
             pad_token_id=0,
             tie_word_embeddings=False,
             sliding_window=2047,
-            original_max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            **phi3_rope(family, short=LONGROPE_SHORT),
         )
         return tf.Phi3ForCausalLM(cfg), None
     raise SystemExit(f"unknown family {family}")
+
+
+def phi3_rope(family, short):
+    if family == "phi3":
+        return dict(
+            original_max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    return dict(
+        original_max_position_embeddings=64,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "long_factor": LONGROPE_LONG,
+            "short_factor": short,
+            "original_max_position_embeddings": 64,
+        },
+    )
+
+
+def reference_model(family, model):
+    """The model transformers' references come from: `model`, or for
+    `phi3_longrope` the same weights with the long factors everywhere."""
+    if family != "phi3_longrope":
+        return model
+    import transformers as tf
+
+    cfg = model.config.to_dict()
+    cfg.update(phi3_rope(family, short=LONGROPE_LONG))
+    twin = tf.Phi3ForCausalLM(tf.Phi3Config(**cfg)).to(model.dtype).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
 
 
 def randomize_norms(model):
@@ -320,7 +360,7 @@ def convert(llama_cpp, dir_model, out_path, pre, sliding_window=None):
 _QUIET = None
 
 
-def llama_cpp_outputs(gguf_path, flash_attn):
+def llama_cpp_outputs(gguf_path, flash_attn, n_ctx):
     import llama_cpp as L
 
     global _QUIET
@@ -342,9 +382,9 @@ def llama_cpp_outputs(gguf_path, flash_attn):
         assert n > 0, n
         ids = list(buf[:n])
         cp = L.llama_context_default_params()
-        cp.n_ctx = 64
-        cp.n_batch = 64
-        cp.n_ubatch = 64
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_ctx
+        cp.n_ubatch = n_ctx
         cp.n_threads = 2
         cp.n_threads_batch = 2
         cp.flash_attn_type = 1 if flash_attn else 0
@@ -433,7 +473,15 @@ def transformers_first_step(model, ids):
 
 
 # Attention as weft runs each architecture on the CPU (`LlamaArch::flash_attention`).
-FLASH_ATTN = {"llama3": True, "mistral": True, "mistral_swa": True, "qwen3": False, "phi3": False, "qwen3moe": False}
+FLASH_ATTN = {
+    "llama3": True,
+    "mistral": True,
+    "mistral_swa": True,
+    "qwen3": False,
+    "phi3": False,
+    "phi3_longrope": False,
+    "qwen3moe": False,
+}
 
 
 def main():
@@ -461,14 +509,15 @@ def main():
             if swa:
                 cases = transformers_outputs(model, llama_cpp_prompt_ids(gguf_path))
             else:
-                cases = llama_cpp_outputs(gguf_path, FLASH_ATTN[family])
+                cases = llama_cpp_outputs(gguf_path, FLASH_ATTN[family], N_CTX.get(family, 64))
+            reference = reference_model(family, model)
             for c in cases:
-                c["transformers_first_logits"] = transformers_first_step(model, c["prompt_ids"])
+                c["transformers_first_logits"] = transformers_first_step(reference, c["prompt_ids"])
         doc = {
             "family": family,
             "architecture": model.config.architectures[0] if model.config.architectures else type(model).__name__,
             "reference": "transformers" if swa else "llama.cpp",
-            "llama_cpp": {"n_ctx": 64, "n_threads": 2, "flash_attn": FLASH_ATTN[family], "kv_cache": "f16"},
+            "llama_cpp": {"n_ctx": N_CTX.get(family, 64), "n_threads": 2, "flash_attn": FLASH_ATTN[family], "kv_cache": "f16"},
             "steps": STEPS,
             "cases": cases,
         }

@@ -61,6 +61,12 @@ struct Case {
     transformers_first: Vec<f32>,
 }
 
+/// The context llama.cpp ran `family`'s fixture with, also the cache's.
+fn fixture_context(family: &str) -> u32 {
+    let doc = read_reference_json(&reference_dir().join(format!("families/{family}.json")));
+    doc["llama_cpp"]["n_ctx"].as_u64().expect("llama_cpp.n_ctx") as u32
+}
+
 fn cases(family: &str) -> Vec<Case> {
     let doc = read_reference_json(&reference_dir().join(format!("families/{family}.json")));
     assert_eq!(doc["family"].as_str(), Some(family));
@@ -129,12 +135,12 @@ fn run_family(
     threads: usize,
 ) -> Diffs {
     let (exec, model) = load(family, numerics, threads);
+    let context = fixture_context(family);
     run_model(
         family,
         arch,
         exact_tolerance,
-        numerics,
-        threads,
+        (numerics, threads, context),
         exec,
         model,
     )
@@ -147,8 +153,7 @@ fn run_model(
     family: &str,
     arch: &str,
     exact_tolerance: f32,
-    numerics: Numerics,
-    threads: usize,
+    (numerics, threads, context): (Numerics, usize, u32),
     mut exec: GraphExecutor,
     model: Model,
 ) -> Result<Diffs, String> {
@@ -167,7 +172,7 @@ fn run_model(
             case.prompt,
             "{family} case {i}: prompt ids"
         );
-        let mut cache = model.new_cache(&mut exec, 64, 64).expect("cache");
+        let mut cache = model.new_cache(&mut exec, context, context).expect("cache");
         let mut logits = model
             .prefill(
                 &mut exec,
@@ -301,8 +306,7 @@ fn mistral_without_its_window_differs() {
         "mistral_swa",
         "llama",
         TRANSFORMERS_TOLERANCE,
-        Numerics::Exact,
-        2,
+        (Numerics::Exact, 2, 64),
         exec,
         model,
     );
@@ -310,4 +314,31 @@ fn mistral_without_its_window_differs() {
         .err()
         .expect("full attention matched the windowed reference");
     assert!(failures.contains("greedy"), "{failures}");
+}
+
+/// Phi-3 with `longrope` scaling (short and long per-pair factors over an
+/// original context of 64, `rope.scaling.attn_factor`): llama.cpp ran it
+/// with a context of 128, so both it and weft take the long factors.
+#[test]
+fn phi3_longrope_matches_llama_cpp() {
+    check_family("phi3_longrope", "phi3", LLAMA_CPP_TOLERANCE);
+}
+
+/// The factors follow the context: with a cache of 64 positions (not
+/// longer than the original context) weft takes the short factors and
+/// leaves the long-factor reference.
+#[test]
+fn phi3_longrope_takes_the_short_factors_in_a_short_context() {
+    let (exec, model) = load("phi3_longrope", Numerics::Exact, 2);
+    let failures = run_model(
+        "phi3_longrope",
+        "phi3",
+        LLAMA_CPP_TOLERANCE,
+        (Numerics::Exact, 2, 64),
+        exec,
+        model,
+    )
+    .err()
+    .expect("the short factors matched the long-factor reference");
+    assert!(failures.contains("logit"), "{failures}");
 }

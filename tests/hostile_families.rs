@@ -93,9 +93,18 @@ fn missing_or_unimplemented_tensors_are_refused_by_name() {
     // Phi-3 without its fused projection.
     let err = refusal("phi3", &[Edit::Drop("blk.0.attn_qkv.weight")]);
     assert_names(&err, &["blk.0.attn_qkv.weight"]);
-    // Phi-3's long-context rope factors (longrope) are not implemented.
+    // Phi-3's long-context rope factors (longrope) come in pairs.
     let err = refusal("phi3", &[Edit::Add("rope_factors_long.weight", 8)]);
-    assert_names(&err, &["rope_factors_long.weight", "longrope"]);
+    assert_names(&err, &["rope_factors_short.weight", "longrope"]);
+    // Other architectures do not take them.
+    let err = refusal(
+        "qwen3",
+        &[
+            Edit::Add("rope_factors_long.weight", 8),
+            Edit::Add("rope_factors_short.weight", 8),
+        ],
+    );
+    assert_names(&err, &["longrope", "qwen3"]);
     // Llama 3's rope frequency factors must cover every rotated pair.
     let err = refusal(
         "llama3",

@@ -440,7 +440,7 @@ fn check_backend(family: &Family, device: weft_runtime::Device) -> Result<(), Mo
         return Ok(());
     }
     if let Family::Llama(m) = family {
-        if m.rope_factors.is_some() {
+        if m.rope_factors.is_some() || m.long_rope.is_some() {
             return Err(ModelError::Unsupported(format!(
                 "rope frequency factors (rope_freqs.weight, Llama 3 rope scaling) on {device:?}: \
                  only the CPU backend implements them"

@@ -17,6 +17,10 @@
 //!   matrix (`attn_qkv`, rows q then k then v) and the gate and up
 //!   projections into another (`ffn_up`, rows gate then up); queries are
 //!   scaled by `1/sqrt(head_dim)` before attention rather than inside it.
+//!   Its `longrope` scaling arrives as `rope_factors_short.weight` and
+//!   `rope_factors_long.weight` (the long ones taken when the cache is
+//!   longer than `rope.scaling.original_context_length`, as llama.cpp
+//!   chooses by its context) and `rope.scaling.attn_factor`.
 //!   Its `attention.sliding_window` is read and not applied, as llama.cpp
 //!   does for Phi-3.
 

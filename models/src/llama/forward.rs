@@ -111,8 +111,9 @@ impl Llama {
             s.tap(format_args!("Kcur_normed-{l}"), k)?;
         }
         s.tap(format_args!("Qcur-{l}"), q)?;
-        let mut q = self.rope(s, q, positions, "rope_q")?;
-        let k = self.rope(s, k, positions, "rope_k")?;
+        let context = cache.config().context;
+        let mut q = self.rope(s, q, positions, context, "rope_q")?;
+        let k = self.rope(s, k, positions, context, "rope_k")?;
         // Phi-3 scales the queries, then attends with a scale of one.
         let mut scale = 1.0 / (c.head_dim as f32).sqrt();
         if self.arch == LlamaArch::Phi3 {
@@ -179,16 +180,22 @@ impl Llama {
 
 impl Llama {
     /// Rope of `x` at `positions`, with the file's frequency factors when
-    /// it has them.
+    /// it has them (Phi-3's long ones when the cache of `context`
+    /// positions is longer than the original training context).
     fn rope(
         &self,
         s: &mut GraphSession<'_>,
         x: Tensor,
         positions: Tensor,
+        context: u32,
         label: &'static str,
     ) -> Result<Tensor, ModelError> {
         let p = self.config.rope;
-        Ok(match self.rope_factors {
+        let long = context > self.config.rope_orig_ctx;
+        let factors = self.rope_factors.or(self
+            .long_rope
+            .map(|(short, l)| if long { l } else { short }));
+        Ok(match factors {
             Some(f) => s.rope_factors(x, positions, f, p, label)?,
             None => s.rope(x, positions, p, label)?,
         })

@@ -33,6 +33,10 @@ pub struct LlamaConfig {
     /// Keys each query sees on every layer (`llama.attention.sliding_window`,
     /// Mistral 7B v0.1 style), or all of them.
     pub window: Option<u32>,
+    /// The context the model was trained at before any rope scaling
+    /// (`rope.scaling.original_context_length`, else the context length):
+    /// a longer cache takes Phi-3's long rope factors.
+    pub rope_orig_ctx: u32,
 }
 
 impl LlamaConfig {
@@ -83,6 +87,16 @@ impl LlamaConfig {
                 )))
             }
         }
+        // A magnitude factor on every rotation (llama.cpp's
+        // `rope_attn_factor`; Phi-3's long-context models write it).
+        rope.attn_factor *= hp.float("rope.scaling.attn_factor", 1.0, FloatRange::Positive)?;
+        let rope_orig_ctx = hp.count(
+            "rope.scaling.original_context_length",
+            Some(context as usize),
+            1,
+            u32::MAX as usize,
+            "a token position is a u32",
+        )? as u32;
         let rms_eps = hp.float(
             "attention.layer_norm_rms_epsilon",
             1e-5,
@@ -111,6 +125,7 @@ impl LlamaConfig {
             _ => None,
         };
         Ok(LlamaConfig {
+            rope_orig_ctx,
             window,
             layers,
             hidden,
@@ -182,6 +197,10 @@ pub struct Llama {
     /// `[n_dims / 2]`): Llama 3.1's `llama3` rope scaling, which the
     /// converter bakes into this tensor.
     pub rope_factors: Option<Tensor>,
+    /// Phi-3's `longrope` factors: `(short, long)` (`rope_factors_short`,
+    /// `rope_factors_long`), the long ones taken when the cache holds more
+    /// than `rope_orig_ctx` positions, as llama.cpp chooses by its context.
+    pub long_rope: Option<(Tensor, Tensor)>,
     /// Attention rounded as llama.cpp's flash-attention kernels do (true,
     /// the default, as llama.cpp's tools run), or as llama.cpp with flash
     /// attention off (false; the CPU backend only).
@@ -212,13 +231,6 @@ impl Llama {
                 arch.name(),
                 c.vocab
             )));
-        }
-        for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-            if weights.file().tensor(t).is_some() {
-                return Err(ModelError::Unsupported(format!(
-                    "{t}: long-context rope factors (Phi-3 `longrope` scaling)"
-                )));
-            }
         }
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
@@ -303,7 +315,25 @@ impl Llama {
             Some(o) => crate::weights::check_output(o, token_embd, c.hidden)?,
             None => token_embd,
         };
-        let rope_factors = load_rope_factors(weights, &c)?;
+        let rope_factors = load_rope_factors(weights, &c, "rope_freqs.weight")?;
+        let short = load_rope_factors(weights, &c, "rope_factors_short.weight")?;
+        let long = load_rope_factors(weights, &c, "rope_factors_long.weight")?;
+        let long_rope = match (short, long) {
+            (None, None) => None,
+            (Some(s), Some(l)) if arch == LlamaArch::Phi3 && rope_factors.is_none() => Some((s, l)),
+            (s, _) => {
+                let missing = if s.is_none() {
+                    "rope_factors_short.weight"
+                } else {
+                    "rope_factors_long.weight"
+                };
+                return Err(ModelError::Unsupported(format!(
+                    "long-context rope factors (`longrope`) for {} without {missing} or with \
+                     rope_freqs.weight (weft runs them for phi3, short and long together)",
+                    arch.name()
+                )));
+            }
+        };
         Ok(Llama {
             arch,
             config: c,
@@ -312,6 +342,7 @@ impl Llama {
             output_norm,
             output,
             rope_factors,
+            long_rope,
             flash_attention: true,
         })
     }
@@ -355,33 +386,35 @@ fn load_qkv_bias(
     })
 }
 
-/// `rope_freqs.weight` where the file has it: one f32 divisor per rotated
-/// pair, shared by every layer (llama.cpp's `freq_factors`).
+/// Rope frequency factors `name` (`rope_freqs.weight`,
+/// `rope_factors_{short,long}.weight`) where the file has them: one f32
+/// divisor per rotated pair, shared by every layer (llama.cpp's
+/// `freq_factors`).
 fn load_rope_factors(
     weights: &WeightMap<'_>,
     c: &LlamaConfig,
+    name: &str,
 ) -> Result<Option<Tensor>, ModelError> {
-    const NAME: &str = "rope_freqs.weight";
-    if weights.file().tensor(NAME).is_none() {
+    if weights.file().tensor(name).is_none() {
         return Ok(None);
     }
-    let t = weights.expect(NAME, &[c.rope.n_dims / 2])?;
+    let t = weights.expect(name, &[c.rope.n_dims / 2])?;
     if t.dtype != DType::F32 {
         return Err(ModelError::Unsupported(format!(
-            "{NAME} is {}; rope frequency factors must be f32",
+            "{name} is {}; rope frequency factors must be f32",
             t.dtype
         )));
     }
     // Each factor divides an angle: it must be a finite positive number.
     let file = weights.file();
     let data = file
-        .tensor(NAME)
+        .tensor(name)
         .map_or(&[][..], |info| file.tensor_data(info));
     for (i, b) in data.chunks_exact(4).enumerate() {
         let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         if !(v.is_finite() && v > 0.0) {
             return Err(ModelError::Shape(format!(
-                "{NAME}[{i}] is {v}; rope frequency factors must be finite and positive"
+                "{name}[{i}] is {v}; rope frequency factors must be finite and positive"
             )));
         }
     }
