@@ -342,3 +342,72 @@ fn phi3_longrope_takes_the_short_factors_in_a_short_context() {
     .expect("the short factors matched the long-factor reference");
     assert!(failures.contains("logit"), "{failures}");
 }
+
+/// Every position's logits of case 0's prompt and of four decode steps
+/// after it, under one schedule.
+fn schedule_logits(
+    family: &str,
+    threads: usize,
+    reorder: bool,
+    fuse: bool,
+    layers_per_cb: Option<u32>,
+) -> Vec<u32> {
+    let mut config = ExecutorConfig {
+        threads,
+        check_schedules: true,
+        reorder,
+        fuse,
+        ..Default::default()
+    };
+    config.cut.layers_per_cb = layers_per_cb;
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let path = reference_dir().join(format!("families/{family}.gguf"));
+    let model = Model::load(&path, &mut exec).expect("load");
+    let case = &cases(family)[0];
+    let context = fixture_context(family);
+    let mut cache = model.new_cache(&mut exec, context, context).expect("cache");
+    let mut out = model
+        .prefill(
+            &mut exec,
+            &mut cache,
+            &case.prompt,
+            &model.chunk_policy(),
+            LogitRows::All,
+        )
+        .expect("prefill");
+    for &t in &case.greedy[..4] {
+        out.extend(
+            model
+                .step(&mut exec, &mut cache, &[t], LogitRows::Last)
+                .expect("decode"),
+        );
+    }
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The schedule decides when a node runs, never what it computes: the
+/// same bits with one thread or two, reorder and fusion on or off, one
+/// layer per command buffer or all of them (a difference would be a
+/// missing or wrong byte range of an op these families use).
+#[test]
+fn schedules_do_not_change_the_logits() {
+    for family in [
+        "llama3",
+        "mistral_swa",
+        "qwen3",
+        "phi3_longrope",
+        "qwen3moe",
+    ] {
+        let baseline = schedule_logits(family, 2, true, true, None);
+        for (threads, reorder, fuse, layers) in [
+            (1, false, false, Some(1)),
+            (2, false, true, Some(1)),
+            (2, true, false, None),
+        ] {
+            assert!(
+                schedule_logits(family, threads, reorder, fuse, layers) == baseline,
+                "{family}: {threads} threads, reorder {reorder}, fuse {fuse}, layers per cb {layers:?}"
+            );
+        }
+    }
+}
