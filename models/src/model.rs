@@ -32,7 +32,8 @@ pub type AfterChunk<'a> =
 
 /// The architectures weft runs.
 pub enum Family {
-    /// Llama (`llama`) and Qwen 2 / 2.5 (`qwen2`): one forward pass.
+    /// The architectures of the Llama pass (`llama`, `qwen2`, `qwen3`,
+    /// `qwen3moe`, `phi3`; [`LlamaArch`]): one forward pass.
     Llama(Llama),
     /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
     Gemma3(Gemma3),
