@@ -223,7 +223,65 @@ fn rope_matches_reference() {
                 1e-2,
                 "rope yarn",
             );
+            // Per-pair frequency divisors (Llama 3's rope_freqs.weight):
+            // the same drift as plain rope.
+            let factors: Vec<f32> = (0..n_dims / 2)
+                .map(|i| 1.0 + (i % 5) as f32 * 1.75)
+                .collect();
+            let f = mem.f32_tensor(&[n_dims / 2], &factors).unwrap();
+            let plain = RopeParams::plain(mode, d, n_dims, 500000.0);
+            compare(
+                &node(Op::RopeFactors(plain), vec![x, p, f], vec![o]),
+                &mem,
+                2e-3,
+                1e-2,
+                "rope factors",
+            );
+            // Factors of one are plain rope, bit for bit.
+            let ones = mem
+                .f32_tensor(&[n_dims / 2], &vec![1.0; n_dims / 2])
+                .unwrap();
+            let with_ones = run_cpu(
+                &node(Op::RopeFactors(plain), vec![x, p, ones], vec![o]),
+                &mem,
+                2,
+            );
+            let without = run_cpu(&node(Op::Rope(plain), vec![x, p], vec![o]), &mem, 2);
+            assert_eq!(
+                with_ones.to_f32(&o).unwrap(),
+                without.to_f32(&o).unwrap(),
+                "rope factors of one"
+            );
         }
+    }
+}
+
+#[test]
+fn moe_softmax_routing_matches_reference() {
+    let mut rng = Rng(11);
+    let mut mem = HostMemory::default();
+    let (n, e, k) = (5, 8, 3);
+    let mut probs = rng.vec(n * e, 1.0);
+    probs[3] = probs[5]; // a tie: the lower id first
+    let p = mem.f32_tensor(&[n, e], &probs).unwrap();
+    let ids = mem.zeros(DType::I32, &[n, k]).unwrap();
+    let w = mem.zeros(DType::F32, &[n, k]).unwrap();
+    let top = node(Op::MoeTopK { k }, vec![p], vec![ids]);
+    let got = run_cpu(&top, &mem, 2);
+    assert_eq!(
+        got.to_i32(&ids),
+        run_ref(&top, &mem).to_i32(&ids),
+        "moe_top_k"
+    );
+    for normalize in [false, true] {
+        // The same sums in the same order: identical.
+        compare(
+            &node(Op::MoeGather { normalize }, vec![p, ids], vec![w]),
+            &got,
+            0.0,
+            0.0,
+            "moe_gather",
+        );
     }
 }
 

@@ -33,7 +33,12 @@ impl Model {
         };
         let mut weights = vec![m.output];
         for l in &m.layers {
-            weights.extend([l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down]);
+            // Routed experts are not batched: their matmuls group rows by
+            // expert, whose orders this check does not cover.
+            let crate::llama::LlamaFfn::Dense { gate, up, down } = l.ffn else {
+                return 0;
+            };
+            weights.extend([l.wq, l.wk, l.wv, l.wo, gate, up, down]);
         }
         (1..=max)
             .take_while(|&b| weights.iter().all(|w| exec.batch_keeps_row_order(w, b)))

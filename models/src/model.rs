@@ -32,7 +32,8 @@ pub type AfterChunk<'a> =
 
 /// The architectures weft runs.
 pub enum Family {
-    /// Llama (`llama`) and Qwen 2 / 2.5 (`qwen2`): one forward pass.
+    /// The architectures of the Llama pass (`llama`, `qwen2`, `qwen3`,
+    /// `qwen3moe`, `phi3`; [`LlamaArch`]): one forward pass.
     Llama(Llama),
     /// Gemma 3 (`gemma3`): interleaved sliding-window and global layers.
     Gemma3(Gemma3),
@@ -78,25 +79,26 @@ impl Model {
     ) -> Result<Model, ModelError> {
         let arch = file.architecture()?.to_string();
         let weights = WeightMap::new(&file, exec)?;
-        let family = match arch.as_str() {
-            "llama" => Family::Llama(Llama::load(&weights, LlamaArch::Llama)?),
-            "qwen2" => {
-                let mut m = Llama::load(&weights, LlamaArch::Qwen2)?;
-                m.flash_attention = LlamaArch::Qwen2.flash_attention(exec.device());
+        let family = match (LlamaArch::from_name(&arch), arch.as_str()) {
+            (Some(a), _) => {
+                let mut m = Llama::load(&weights, a)?;
+                m.flash_attention = a.flash_attention(exec.device());
                 Family::Llama(m)
             }
-            "gemma3" => Family::Gemma3(Gemma3::load(&weights)?),
-            "deepseek4" => Family::DeepSeek4(Box::new(DeepSeek4::load(
+            (None, "gemma3") => Family::Gemma3(Gemma3::load(&weights)?),
+            (None, "deepseek4") => Family::DeepSeek4(Box::new(DeepSeek4::load(
                 &weights,
                 exec,
                 Default::default(),
             )?)),
-            other => {
+            (None, other) => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture `{other}` (weft runs: llama, qwen2, gemma3, deepseek4)"
+                    "architecture `{other}` (weft runs: {})",
+                    runnable_architectures().join(", ")
                 )))
             }
         };
+        check_backend(&family, exec.device())?;
         check_all_tensors_used(&weights, &family, &arch)?;
         drop(weights);
         let tokenizer = Tokenizer::from_gguf(&file)?;
@@ -193,7 +195,7 @@ impl Model {
     /// The chunking policy hf2q uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
         let window = match &self.family {
-            Family::Llama(_) => None,
+            Family::Llama(m) => m.config.window,
             Family::Gemma3(m) => m.config.window,
             Family::DeepSeek4(m) => Some(m.config.window),
         };
@@ -206,7 +208,7 @@ impl Model {
             Family::Llama(m) => vec![
                 LayerSpec {
                     width: m.config.kv_width(),
-                    window: None,
+                    window: m.config.window,
                 };
                 m.config.layers
             ],
@@ -423,6 +425,37 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Every `general.architecture` weft runs, in the order messages list them.
+pub fn runnable_architectures() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = LlamaArch::ALL.iter().map(|a| a.name()).collect();
+    names.extend(["gemma3", "deepseek4"]);
+    names
+}
+
+/// Refuses, at load, a feature of the model whose op only the CPU backend
+/// implements (the others would refuse it at the first step).
+fn check_backend(family: &Family, device: weft_runtime::Device) -> Result<(), ModelError> {
+    if device == weft_runtime::Device::Cpu {
+        return Ok(());
+    }
+    if let Family::Llama(m) = family {
+        if m.rope_factors.is_some() || m.long_rope.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "rope frequency factors (rope_freqs.weight, Llama 3 rope scaling) on {device:?}: \
+                 only the CPU backend implements them"
+            )));
+        }
+        if m.arch.moe() {
+            return Err(ModelError::Unsupported(format!(
+                "softmax-routed experts ({}) on {device:?}: only the CPU backend implements \
+                 their routing",
+                m.arch.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a tensor the family did not take, unless it is one the family

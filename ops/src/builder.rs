@@ -204,6 +204,60 @@ pub trait Builder: Recorder {
         )
     }
 
+    /// [`Builder::rope`] with each pair's angle divided by its frequency
+    /// factor (`factors f32 [n_dims / 2]`, Llama 3's `rope_freqs.weight`).
+    fn rope_factors(
+        &mut self,
+        x: Tensor,
+        positions: Tensor,
+        factors: Tensor,
+        params: RopeParams,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::RopeFactors(params),
+            vec![x, positions, factors],
+            DType::F32,
+            x.shape.dims(),
+            label,
+        )
+    }
+
+    /// The ids `i32 [n, k]` of each row's `k` largest router probabilities.
+    fn moe_top_k(
+        &mut self,
+        probs: Tensor,
+        k: usize,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        self.push_new(
+            Op::MoeTopK { k },
+            vec![probs],
+            DType::I32,
+            &[probs.rows(), k],
+            label,
+        )
+    }
+
+    /// The probabilities `f32 [n, k]` of the experts `ids`, renormalised
+    /// over them when `normalize`.
+    fn moe_gather(
+        &mut self,
+        probs: Tensor,
+        ids: Tensor,
+        normalize: bool,
+        label: impl Into<Label>,
+    ) -> Result<Tensor, OpError> {
+        let dims = ids.shape;
+        self.push_new(
+            Op::MoeGather { normalize },
+            vec![probs, ids],
+            DType::F32,
+            dims.dims(),
+            label,
+        )
+    }
+
     /// Row softmax of `x * scale`.
     fn softmax(
         &mut self,

@@ -192,6 +192,12 @@ pub enum Op {
     },
     /// Rotary embedding: inputs `x f32 [n, heads * head_dim]`, `positions i32 [n]`.
     Rope(RopeParams),
+    /// Rotary embedding with a per-pair frequency divisor: inputs `x f32
+    /// [n, heads * head_dim]`, `positions i32 [n]`, `factors f32
+    /// [n_dims / 2]`. Pair `i` turns by the angle [`Op::Rope`] gives it
+    /// with `position * base^(-2i / n_dims)` divided by `factors[i]`
+    /// (llama.cpp's `freq_factors`: Llama 3's `rope_freqs.weight`).
+    RopeFactors(RopeParams),
     /// Row softmax of `x * scale`.
     Softmax {
         /// Applied to `x` before the softmax.
@@ -349,6 +355,21 @@ pub enum Op {
     /// Weighted sum of expert outputs: inputs `y f32 [n, k * d]`, `weights
     /// f32 [n, k]`; output `f32 [n, d]`.
     MoeCombine,
+    /// Top-k selection of a MoE router's probabilities (softmax gating):
+    /// input `probs f32 [n, E]`, output `i32 [n, k]`, the ids of each row's
+    /// `k` largest values in descending order, ties to the lower id.
+    MoeTopK {
+        /// Experts per token.
+        k: usize,
+    },
+    /// The router probabilities of the selected experts: inputs `probs f32
+    /// [n, E]`, `ids i32 [n, k]`; output `f32 [n, k]`, `probs[ids]`, with
+    /// `normalize` divided by their sum (summed in order, clamped below at
+    /// 2^-14 as llama.cpp does).
+    MoeGather {
+        /// Renormalise over the selected experts.
+        normalize: bool,
+    },
 }
 
 impl Op {
@@ -449,6 +470,7 @@ impl Op {
             Op::Mul => "mul",
             Op::Scale { .. } => "scale",
             Op::Rope(_) => "rope",
+            Op::RopeFactors(_) => "rope_factors",
             Op::Softmax { .. } => "softmax",
             Op::Attention(_) => "attention",
             Op::SiluMul => "silu_mul",
@@ -471,6 +493,8 @@ impl Op {
             Op::MoeWeights(_) => "moe_weights",
             Op::SwigluClamp { .. } => "swiglu_clamp",
             Op::MoeCombine => "moe_combine",
+            Op::MoeTopK { .. } => "moe_top_k",
+            Op::MoeGather { .. } => "moe_gather",
             Op::RmsNormQuantize { .. } => "rms_norm+quantize",
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",

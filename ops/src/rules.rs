@@ -93,8 +93,45 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
             all_f32(name, &[&ins[0], &outs[0]])?;
             same_shape(name, &ins[0], &outs[0])?;
         }
-        Op::Rope(p) => {
+        Op::MoeTopK { k } => {
+            arity(1, 1)?;
+            all_f32(name, &[&ins[0]])?;
+            dtype(name, &outs[0], &[DType::I32])?;
+            if outs[0].rows() != ins[0].rows()
+                || outs[0].cols() != *k
+                || *k == 0
+                || *k > ins[0].cols()
+            {
+                return shape_err(format!(
+                    "top-{k} of {:?} into {:?}",
+                    ins[0].shape, outs[0].shape
+                ));
+            }
+        }
+        Op::MoeGather { .. } => {
             arity(2, 1)?;
+            all_f32(name, &[&ins[0], &outs[0]])?;
+            dtype(name, &ins[1], &[DType::I32])?;
+            if ins[1].rows() != ins[0].rows() || outs[0].shape != ins[1].shape {
+                return shape_err(format!(
+                    "probabilities {:?}, ids {:?}, weights {:?}",
+                    ins[0].shape, ins[1].shape, outs[0].shape
+                ));
+            }
+        }
+        Op::Rope(p) | Op::RopeFactors(p) => {
+            let factors = matches!(node.op, Op::RopeFactors(_));
+            arity(if factors { 3 } else { 2 }, 1)?;
+            if factors {
+                all_f32(name, &[&ins[2]])?;
+                if ins[2].shape.elements() != p.n_dims / 2 {
+                    return shape_err(format!(
+                        "{} frequency factors for {} rotated pairs",
+                        ins[2].shape.elements(),
+                        p.n_dims / 2
+                    ));
+                }
+            }
             all_f32(name, &[&ins[0], &outs[0]])?;
             dtype(name, &ins[1], &[DType::I32])?;
             same_shape(name, &ins[0], &outs[0])?;

@@ -23,6 +23,7 @@ mod moe;
 mod norm;
 pub mod quant;
 mod rope;
+mod route;
 mod rows;
 pub mod simd;
 mod sink_attention;
@@ -30,7 +31,7 @@ mod softmax;
 mod tail_rope;
 
 use crate::Numerics;
-pub use rope::angle_cache;
+pub use rope::{angle_cache, angle_cache_with_factors};
 use std::sync::Arc;
 use weft_ops::{Op, OpError, OpNode, Tensor};
 
@@ -205,6 +206,9 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         | Op::QuantizeRows
         | Op::RmsNorm { .. }
         | Op::Rope(_)
+        | Op::RopeFactors(_)
+        | Op::MoeTopK { .. }
+        | Op::MoeGather { .. }
         | Op::Softmax { .. }
         | Op::Argmax => WorkSplit::new(rows, rows_per_item(rows, threads)),
         Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul => {
@@ -278,9 +282,18 @@ pub unsafe fn run_item(
             Ok(())
         }
         Op::Rope(p) => {
-            rope::rope(&ins[0], &ins[1], out, p, units);
+            rope::rope(&ins[0], &ins[1], None, out, p, units);
             Ok(())
         }
+        Op::RopeFactors(p) => {
+            rope::rope(&ins[0], &ins[1], Some(&ins[2]), out, p, units);
+            Ok(())
+        }
+        Op::MoeTopK { k } => {
+            route::top_k(&ins[0], out, *k, units);
+            Ok(())
+        }
+        Op::MoeGather { normalize } => route::gather(&ins[0], &ins[1], out, *normalize, units),
         Op::Softmax { scale } => {
             softmax::softmax(&ins[0], out, *scale, units);
             Ok(())

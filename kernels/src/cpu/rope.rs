@@ -9,18 +9,34 @@ use weft_ops::{RopeMode, RopeParams};
 
 /// `(cos, sin)` per rotated pair at `position`, llama.cpp's way.
 pub fn angle_cache(p: &RopeParams, position: f32, cache: &mut Vec<(f32, f32)>) {
+    angle_cache_with_factors(p, position, None, cache);
+}
+
+/// [`angle_cache`] with pair `i`'s unscaled angle divided by `factors[i]`
+/// before YaRN's ramp, as ggml's `rope_cache_init` does with
+/// `freq_factors`.
+pub fn angle_cache_with_factors(
+    p: &RopeParams,
+    position: f32,
+    factors: Option<&[f32]>,
+    cache: &mut Vec<(f32, f32)>,
+) {
     cache.clear();
     let theta_scale = p.base.powf(-2.0 / p.n_dims as f32);
     let (low, high) = corr_dims(p);
     let mut theta_extrap = position;
     for i0 in (0..p.n_dims).step_by(2) {
-        let theta_interp = p.freq_scale * theta_extrap;
+        let theta_pair = match factors {
+            Some(f) => theta_extrap / f[i0 / 2],
+            None => theta_extrap,
+        };
+        let theta_interp = p.freq_scale * theta_pair;
         let mut theta = theta_interp;
         let mut mscale = p.attn_factor;
         if p.ext_factor != 0.0 {
             let y = ((i0 / 2) as f32 - low) / (high - low).max(0.001);
             let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * p.ext_factor;
-            theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+            theta = theta_interp * (1.0 - ramp_mix) + theta_pair * ramp_mix;
             mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
         }
         cache.push((theta.cos() * mscale, theta.sin() * mscale));
@@ -44,10 +60,12 @@ fn corr_dims(p: &RopeParams) -> (f32, f32) {
 pub(super) unsafe fn rope(
     x: &HostTensor,
     positions: &HostTensor,
+    factors: Option<&HostTensor>,
     out: &HostTensor,
     p: &RopeParams,
     rows: std::ops::Range<usize>,
 ) {
+    let factors = factors.map(|f| f.f32s());
     let cols = x.tensor.cols();
     let xv = x.f32s();
     let pos = std::slice::from_raw_parts(
@@ -58,7 +76,7 @@ pub(super) unsafe fn rope(
     let half = p.n_dims / 2;
     let mut cache = Vec::with_capacity(half);
     for r in rows {
-        angle_cache(p, pos[r] as f32, &mut cache);
+        angle_cache_with_factors(p, pos[r] as f32, factors, &mut cache);
         for h in 0..cols / p.head_dim {
             let base = r * cols + h * p.head_dim;
             let src = &xv[base..base + p.head_dim];

@@ -10,7 +10,7 @@
 //! row writes its own cache and attends over it alone, as that sequence's
 //! own decode step would.
 
-use super::{Llama, LlamaLayer};
+use super::{Llama, LlamaArch, LlamaFfn, LlamaLayer};
 use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
@@ -149,17 +149,33 @@ impl Llama {
         let h = s.rms_norm(x, w.attn_norm, c.rms_eps, "attn_norm")?;
         s.tap(format_args!("attn_norm-{l}"), h)?;
         let hq = s.activations_for(h, w.wq.dtype, "attn_norm.act")?;
-        let q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
+        let mut q = projection(s, h, hq, w.wq, w.bias.q, "attn_q")?;
+        let mut k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
+        if let Some((q_norm, k_norm)) = w.qk_norm {
+            q = head_norm(s, q, c.heads, q_norm, c.rms_eps, "attn_q_norm")?;
+            s.tap(format_args!("Qcur_normed-{l}"), q)?;
+            k = head_norm(s, k, c.kv_heads, k_norm, c.rms_eps, "attn_k_norm")?;
+            s.tap(format_args!("Kcur_normed-{l}"), k)?;
+        }
         s.tap(format_args!("Qcur-{l}"), q)?;
-        let q = s.rope(q, positions, c.rope, "rope_q")?;
-        let k = projection(s, h, hq, w.wk, w.bias.k, "attn_k")?;
-        let k = s.rope(k, positions, c.rope, "rope_k")?;
+        let context = match lanes {
+            Lanes::One { cache, .. } => cache.config().context,
+            Lanes::Each { caches, .. } => caches.first().map_or(0, |c| c.config().context),
+        };
+        let mut q = self.rope(s, q, positions, context, "rope_q")?;
+        let k = self.rope(s, k, positions, context, "rope_k")?;
+        // Phi-3 scales the queries, then attends with a scale of one.
+        let mut scale = 1.0 / (c.head_dim as f32).sqrt();
+        if self.arch == LlamaArch::Phi3 {
+            q = s.scale(q, scale, "attn_q_scale")?;
+            scale = 1.0;
+        }
         s.tap(format_args!("Kcur-{l}"), k)?;
         let v = projection(s, h, hq, w.wv, w.bias.v, "attn_v")?;
         s.tap(format_args!("Vcur-{l}"), v)?;
         let mut a = match lanes {
             Lanes::One { cache, span } => {
-                let (kview, vview, params) = self.write_and_view(s, cache, l, span, k, v)?;
+                let (kview, vview, params) = self.write_and_view(s, cache, l, span, k, v, scale)?;
                 s.tap(format_args!("Qrope-{l}"), q)?;
                 s.attention(q, kview, vview, params, "attn")?
             }
@@ -169,7 +185,7 @@ impl Llama {
                 for (b, (cache, span)) in caches.iter().zip(spans).enumerate() {
                     let row = |t: Tensor| t.rows_view(b, 1);
                     let (kview, vview, params) =
-                        self.write_and_view(s, cache, l, span, row(k)?, row(v)?)?;
+                        self.write_and_view(s, cache, l, span, row(k)?, row(v)?, scale)?;
                     s.push(
                         Op::Attention(params),
                         vec![row(q)?, kview, vview],
@@ -191,14 +207,24 @@ impl Llama {
         s.add_into(x, o, "attn_residual")?;
         s.tap(format_args!("ffn_inp-{l}"), x)?;
         let h = s.rms_norm(x, w.ffn_norm, c.rms_eps, "ffn_norm")?;
-        let hq = s.activations_for(h, w.gate.dtype, "ffn_norm.act")?;
-        let g = s.matmul(hq, w.gate, "ffn_gate")?;
-        let u = projection(s, h, hq, w.up, None, "ffn_up")?;
+        let (gate, up, down) = match w.ffn {
+            LlamaFfn::Dense { gate, up, down } => (gate, up, down),
+            LlamaFfn::Moe(moe) => {
+                let d = moe.record(s, h, l)?;
+                s.tap(format_args!("ffn_moe_out-{l}"), d)?;
+                s.add_into(x, d, "ffn_residual")?;
+                s.tap(format_args!("l_out-{l}"), x)?;
+                return Ok(x);
+            }
+        };
+        let hq = s.activations_for(h, gate.dtype, "ffn_norm.act")?;
+        let g = s.matmul(hq, gate, "ffn_gate")?;
+        let u = projection(s, h, hq, up, None, "ffn_up")?;
         s.tap(format_args!("ffn_gate-{l}"), g)?;
         s.tap(format_args!("ffn_up-{l}"), u)?;
         let m = s.silu_mul(g, u, "ffn_silu_mul")?;
         s.tap(format_args!("ffn_swiglu-{l}"), m)?;
-        let d = s.matmul(m, w.down, "ffn_down")?;
+        let d = s.matmul(m, down, "ffn_down")?;
         s.tap(format_args!("ffn_out-{l}"), d)?;
         s.add_into(x, d, "ffn_residual")?;
         s.tap(format_args!("l_out-{l}"), x)?;
@@ -208,6 +234,7 @@ impl Llama {
     /// Writes `k` and `v` (the span's rows) into layer `l` of `cache` and
     /// returns the cache views and parameters the span's queries attend
     /// with.
+    #[allow(clippy::too_many_arguments)]
     fn write_and_view(
         &self,
         s: &mut GraphSession<'_>,
@@ -216,6 +243,7 @@ impl Llama {
         span: &CacheSpan,
         k: Tensor,
         v: Tensor,
+        scale: f32,
     ) -> Result<(Tensor, Tensor, AttentionParams), ModelError> {
         let c = &self.config;
         let kv = cache.layer(l);
@@ -226,7 +254,7 @@ impl Llama {
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale,
             q_position: span.start,
             window: kv.window,
             ring: kv.ring,
@@ -251,6 +279,45 @@ enum Lanes<'a> {
         caches: &'a [&'a KvCache],
         spans: &'a [CacheSpan],
     },
+}
+
+impl Llama {
+    /// Rope of `x` at `positions`, with the file's frequency factors when
+    /// it has them (Phi-3's long ones when the cache of `context`
+    /// positions is longer than the original training context).
+    fn rope(
+        &self,
+        s: &mut GraphSession<'_>,
+        x: Tensor,
+        positions: Tensor,
+        context: u32,
+        label: &'static str,
+    ) -> Result<Tensor, ModelError> {
+        let p = self.config.rope;
+        let long = context > self.config.rope_orig_ctx;
+        let factors = self.rope_factors.or(self
+            .long_rope
+            .map(|(short, l)| if long { l } else { short }));
+        Ok(match factors {
+            Some(f) => s.rope_factors(x, positions, f, p, label)?,
+            None => s.rope(x, positions, p, label)?,
+        })
+    }
+}
+
+/// RMS norm of each of the `heads` heads of every row of `x`, with weight
+/// `w` (`[head_dim]`), as one norm over the rows viewed as heads.
+fn head_norm(
+    s: &mut GraphSession<'_>,
+    x: Tensor,
+    heads: usize,
+    w: Tensor,
+    eps: f32,
+    label: &'static str,
+) -> Result<Tensor, ModelError> {
+    let per_head = s.reshape_rows(x, heads)?;
+    let normed = s.rms_norm(per_head, w, eps, label)?;
+    Ok(normed.reshape(x.shape.dims())?)
 }
 
 /// `h @ w^T (+ bias)`, reading `hq` (`h` already quantized for another

@@ -14,6 +14,7 @@ mod interpreter;
 mod matmul;
 mod norm;
 mod rope;
+mod route;
 mod rows;
 
 use crate::dtype::DType;
@@ -26,7 +27,7 @@ pub use dsv4::{
     compress_slots, hc_mix_row, route_top_k, select_top_k, sqrt_softplus, swiglu_clamp,
 };
 pub use interpreter::Interpreter;
-pub use rope::rope_angles;
+pub use rope::{rope_angles, rope_angles_with_factors};
 
 /// Host buffers indexed by [`BufferId`], for reference runs and tests.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -167,7 +168,10 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Add => elementwise::binary(mem, &ins[0], &ins[1], |a, b| a + b)?,
         Op::Mul => elementwise::binary(mem, &ins[0], &ins[1], |a, b| a * b)?,
         Op::Scale { factor } => elementwise::unary(mem, &ins[0], |a| a * factor)?,
-        Op::Rope(p) => rope::rope(mem, &ins[0], &ins[1], p)?,
+        Op::Rope(p) => rope::rope(mem, &ins[0], &ins[1], None, p)?,
+        Op::RopeFactors(p) => rope::rope(mem, &ins[0], &ins[1], Some(&ins[2]), p)?,
+        Op::MoeTopK { k } => route::top_k(mem, &ins[0], *k)?,
+        Op::MoeGather { normalize } => route::gather(mem, &ins[0], &ins[1], *normalize)?,
         Op::Softmax { scale } => elementwise::softmax(mem, &ins[0], *scale)?,
         Op::Attention(p) => attention::attention(mem, &ins[0], &ins[1], &ins[2], p)?,
         Op::SiluMul => {
