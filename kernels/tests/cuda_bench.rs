@@ -17,9 +17,9 @@ use std::sync::Arc;
 use weft_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use weft_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use weft_kernels::cuda::DeviceTensor;
-use weft_ops::quant::quantize_row;
 use weft_ops::reference::HostMemory;
 use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
+use weft_testkit::host::quantized;
 
 const REPS: usize = 200;
 /// Bytes of weights to rotate over (several times the H200's 60 MB L2).
@@ -32,12 +32,6 @@ struct Case {
     mem: HostMemory,
     /// Bytes a launch must move at least (for the bandwidth column).
     bytes: usize,
-}
-
-fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
-    let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
-    quantize_row(dtype, x, &mut q).unwrap();
-    q
 }
 
 fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Case {

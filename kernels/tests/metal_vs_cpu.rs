@@ -4,17 +4,9 @@
 //! status words, matmul prologues, quantization companions), with the
 //! tolerance stated per case.
 //!
-//! Runs on macOS with `--features metal` (see `scripts/test-metal.sh`);
-//! elsewhere one test says it was skipped. Without a Metal device the tests
-//! skip with a message, unless `WEFT_REQUIRE_METAL=1`.
-
-#[cfg(not(all(feature = "metal", target_os = "macos")))]
-#[test]
-fn metal_tests_need_macos_and_the_metal_feature() {
-    eprintln!(
-        "skipping: the Metal tests run on macOS with `--features metal` (scripts/test-metal.sh)"
-    );
-}
+//! Compiled on macOS with `--features metal` only (see
+//! `scripts/test-metal.sh`); elsewhere the file is empty. Without a Metal
+//! device the tests skip with a message, unless `WEFT_REQUIRE_METAL=1`.
 
 #[cfg(all(feature = "metal", target_os = "macos"))]
 mod metal {
@@ -23,50 +15,18 @@ mod metal {
     use weft_kernels::metal::{
         read_u32s, route, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux, Route,
     };
-    use weft_ops::reference::{self, HostMemory};
+    use weft_ops::reference::HostMemory;
     use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
-
-    /// Deterministic random numbers (SplitMix64) so failures reproduce.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        /// Uniform in [-1, 1), never exactly zero.
-        fn f32(&mut self) -> f32 {
-            let v = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if v == 0.0 {
-                0.5
-            } else {
-                v
-            }
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.f32() * scale).collect()
-        }
-    }
+    use weft_testkit::host::{encoded_tensor, node, run_ref};
+    use weft_testkit::require::{or_skip, REQUIRE_METAL};
+    use weft_testkit::Rng;
 
     /// The device and its kernels, or `None` (with a message) without one.
     fn gpu() -> Option<(MlxDevice, MetalKernels)> {
-        match MlxDevice::new() {
-            Ok(device) => {
-                let kernels = MetalKernels::new(device.clone());
-                kernels.prepare().expect("weft's Metal shaders compile");
-                Some((device, kernels))
-            }
-            Err(e) if std::env::var_os("WEFT_REQUIRE_METAL").is_none() => {
-                eprintln!(
-                    "skipping: no Metal device ({e}); set WEFT_REQUIRE_METAL=1 to fail instead"
-                );
-                None
-            }
-            Err(e) => panic!("a Metal device is required: {e}"),
-        }
+        let device = or_skip(REQUIRE_METAL, "a Metal device", MlxDevice::new())?;
+        let kernels = MetalKernels::new(device.clone());
+        kernels.prepare().expect("weft's Metal shaders compile");
+        Some((device, kernels))
     }
 
     /// What a Metal run gives back besides memory.
@@ -164,18 +124,6 @@ mod metal {
         }
     }
 
-    fn run_ref(node: &OpNode, mem: &HostMemory) -> HostMemory {
-        let mut out = mem.clone();
-        reference::run(node, &mut out).expect("reference");
-        out
-    }
-
-    fn node(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> OpNode {
-        let n = OpNode::new(op, inputs, outputs);
-        n.validate().expect("valid node");
-        n
-    }
-
     /// Largest |a - b| / (|b| + floor) over the output, at most `tol`.
     fn compare(
         gpu: &(MlxDevice, MetalKernels),
@@ -209,24 +157,15 @@ mod metal {
 
     /// A tensor of `dtype` holding random values (quantized for block types).
     fn values(mem: &mut HostMemory, rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
-        let k = dims[dims.len() - 1];
-        let rows: usize = dims[..dims.len() - 1].iter().product();
-        let v = rng.vec(rows * k, 1.0);
-        let row_bytes = dtype.row_bytes(k).expect("whole blocks");
-        let mut bytes = vec![0u8; rows * row_bytes];
-        for (src, dst) in v.chunks(k).zip(bytes.chunks_mut(row_bytes)) {
-            match dtype {
-                DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-                _ => weft_ops::quant::quantize_row(dtype, src, dst).expect("quantize"),
-            }
-        }
-        mem.tensor(dtype, dims, &bytes).expect("tensor")
+        let n: usize = dims.iter().product();
+        let v = rng.vec(n, 1.0);
+        encoded_tensor(mem, dtype, dims, &v)
     }
 
     #[test]
     fn elementwise_norms_and_softmax_match_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(1);
+        let mut rng = Rng::new(1);
         let mut mem = HostMemory::default();
         for (rows, cols) in [(1, 576), (7, 64), (3, 1001)] {
             let a = mem
@@ -329,7 +268,7 @@ mod metal {
     #[test]
     fn argmax_copies_rows_and_writes_match_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(2);
+        let mut rng = Rng::new(2);
         let mut mem = HostMemory::default();
         let x = mem.f32_tensor(&[5, 300], &rng.vec(1500, 2.0)).unwrap();
         let ids = mem.zeros(DType::I32, &[5]).unwrap();
@@ -387,7 +326,7 @@ mod metal {
     #[test]
     fn rope_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(3);
+        let mut rng = Rng::new(3);
         let mut mem = HostMemory::default();
         let (rows, heads, d) = (6, 3, 64);
         let x = mem
@@ -432,7 +371,7 @@ mod metal {
     #[test]
     fn attention_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(4);
+        let mut rng = Rng::new(4);
         for kv_dtype in [DType::F32, DType::F16] {
             for (n, q_position, window, ring, softcap) in [
                 (1, 9, None, None, 0.0),
@@ -482,7 +421,7 @@ mod metal {
     #[test]
     fn get_rows_matches_reference_and_flags_bad_ids() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(5);
+        let mut rng = Rng::new(5);
         let tables = [
             DType::F32,
             DType::F16,
@@ -523,7 +462,7 @@ mod metal {
     #[test]
     fn activation_quantization_is_bit_exact_with_its_f32_image() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(6);
+        let mut rng = Rng::new(6);
         for dtype in [
             DType::Q8_0,
             DType::Q8_1,
@@ -559,7 +498,7 @@ mod metal {
     #[test]
     fn matmul_matches_reference_for_every_weight_format() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let formats = [
             DType::F32,
             DType::F16,

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
+use weft_models::fetch::{ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, Tokenizer};
 
@@ -20,15 +20,8 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 fn measure(spec: &ModelSpec) {
-    let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
-        Ok(path) => path,
-        Err(e) if std::env::var("WEFT_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!(
-                "WEFT_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
-                spec.name
-            )
-        }
-        Err(e) => return eprintln!("skipping: {} not available ({e})", spec.name),
+    let Some(path) = weft_testkit::require::model_path(spec) else {
+        return;
     };
     let file = GgufFile::open(&path).expect("the cached model opens");
     let mut loads = Vec::new();
