@@ -1,6 +1,8 @@
 //! The Metal backend against the reference semantics (what every CPU
-//! kernel is checked against too): every op weft's models use, on fresh
-//! random inputs, through the same encode path the runtime uses (arena,
+//! kernel is checked against too): every op weft's models use, on seeded
+//! random inputs (the element-wise, norm, rope and attention cases are
+//! `weft_testkit::cases`' lists, which `ops_vs_reference.rs` runs on the
+//! CPU), through the same encode path the runtime uses (arena,
 //! status words, matmul prologues, quantization companions), with the
 //! tolerance stated per case.
 //!
@@ -16,7 +18,8 @@ mod metal {
         read_u32s, route, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux, Route,
     };
     use weft_ops::reference::HostMemory;
-    use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
+    use weft_ops::{DType, Op, OpNode, Tensor};
+    use weft_testkit::cases::{self, OpCase};
     use weft_testkit::host::{encoded_tensor, node, run_ref};
     use weft_testkit::require::{or_skip, REQUIRE_METAL};
     use weft_testkit::Rng;
@@ -162,107 +165,40 @@ mod metal {
         encoded_tensor(mem, dtype, dims, &v)
     }
 
+    /// Metal's bound against the reference for a shared case's op.
+    fn tolerance(node: &OpNode) -> (f32, f32) {
+        match &node.op {
+            Op::Add | Op::Mul | Op::Scale { .. } => (1e-6, 1e-6),
+            // Metal's exp is within a few ulps.
+            Op::SiluMul => (1e-5, 1e-5),
+            // GELU in its tanh form, as the reference computes it.
+            Op::Gelu | Op::GeluMul => (1e-5, 1e-4),
+            // f32 sums on the GPU, f64 in the reference.
+            Op::RmsNorm { .. } => (1e-5, 1e-5),
+            Op::LayerNorm { .. } => (1e-5, 0.1),
+            Op::Softmax { .. } => (1e-5, 1e-6),
+            // Metal's precise cos/sin against Rust's: a few ulps of the
+            // angle (~2e-5 rad at position 190).
+            Op::Rope(_) => (2e-4, 1e-2),
+            // The kernel reads f16 caches exactly and computes in f32:
+            // only the summation order differs.
+            Op::Attention(_) => (1e-4, 5e-2),
+            op => panic!("no Metal tolerance for {}", op.name()),
+        }
+    }
+
+    /// Every case of a shared list, Metal against the reference.
+    fn check_cases(gpu: &(MlxDevice, MetalKernels), cases: Vec<OpCase>) {
+        for c in cases {
+            let (tol, floor) = tolerance(&c.node);
+            compare(gpu, &c.node, &c.mem, tol, floor, &c.name);
+        }
+    }
+
     #[test]
     fn elementwise_norms_and_softmax_match_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng::new(1);
-        let mut mem = HostMemory::default();
-        for (rows, cols) in [(1, 576), (7, 64), (3, 1001)] {
-            let a = mem
-                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
-                .unwrap();
-            let b = mem
-                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
-                .unwrap();
-            let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 3.0)).unwrap();
-            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
-            let bias = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
-            let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
-            let g = &gpu;
-            compare(
-                g,
-                &node(Op::Add, vec![a, b], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "add",
-            );
-            compare(
-                g,
-                &node(Op::Add, vec![a, b1], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "add row",
-            );
-            compare(
-                g,
-                &node(Op::Mul, vec![a, b], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "mul",
-            );
-            compare(
-                g,
-                &node(Op::Mul, vec![a, b1], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "mul row",
-            );
-            let scale = Op::Scale { factor: 0.37 };
-            compare(g, &node(scale, vec![a], vec![o]), &mem, 1e-6, 1e-6, "scale");
-            // Metal's exp is within a few ulps.
-            compare(
-                g,
-                &node(Op::SiluMul, vec![a, b], vec![o]),
-                &mem,
-                1e-5,
-                1e-5,
-                "silu_mul",
-            );
-            // f32 sums on the GPU, f64 in the reference.
-            let rms = Op::RmsNorm { eps: 1e-5 };
-            compare(
-                g,
-                &node(rms, vec![a, w], vec![o]),
-                &mem,
-                1e-5,
-                1e-5,
-                "rms_norm",
-            );
-            let ln = Op::LayerNorm { eps: 1e-5 };
-            compare(
-                g,
-                &node(ln, vec![a, w, bias], vec![o]),
-                &mem,
-                1e-5,
-                0.1,
-                "layer_norm",
-            );
-            for s in [1.0, 0.7] {
-                let sm = Op::Softmax { scale: s };
-                compare(g, &node(sm, vec![a], vec![o]), &mem, 1e-5, 1e-6, "softmax");
-            }
-            // GELU in its tanh form, as the reference computes it.
-            compare(
-                g,
-                &node(Op::Gelu, vec![a], vec![o]),
-                &mem,
-                1e-5,
-                1e-4,
-                "gelu",
-            );
-            compare(
-                g,
-                &node(Op::GeluMul, vec![a, b], vec![o]),
-                &mem,
-                1e-5,
-                1e-4,
-                "gelu_mul",
-            );
-        }
+        check_cases(&gpu, cases::elementwise(&mut Rng::new(1)));
     }
 
     #[test]
@@ -326,96 +262,13 @@ mod metal {
     #[test]
     fn rope_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng::new(3);
-        let mut mem = HostMemory::default();
-        let (rows, heads, d) = (6, 3, 64);
-        let x = mem
-            .f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0))
-            .unwrap();
-        let pos: Vec<i32> = (0..rows as i32).map(|i| i * 37 + 5).collect();
-        let p = mem
-            .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
-            .unwrap();
-        let o = mem.zeros(DType::F32, &[rows, heads * d]).unwrap();
-        for mode in [RopeMode::Normal, RopeMode::Neox] {
-            for n_dims in [64, 32] {
-                let mut params = RopeParams::plain(mode, d, n_dims, 10000.0);
-                // Metal's precise cos/sin against Rust's: a few ulps of the
-                // angle (~2e-5 rad at position 190).
-                let op = Op::Rope(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![x, p], vec![o]),
-                    &mem,
-                    2e-4,
-                    1e-2,
-                    "rope",
-                );
-                params.ext_factor = 1.0;
-                params.freq_scale = 0.25;
-                params.orig_ctx = 4096;
-                params.base = 100000.0;
-                let op = Op::Rope(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![x, p], vec![o]),
-                    &mem,
-                    2e-4,
-                    1e-2,
-                    "rope yarn",
-                );
-            }
-        }
+        check_cases(&gpu, cases::rope(&mut Rng::new(3)));
     }
 
     #[test]
     fn attention_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng::new(4);
-        for kv_dtype in [DType::F32, DType::F16] {
-            for (n, q_position, window, ring, softcap) in [
-                (1, 9, None, None, 0.0),
-                (5, 0, None, None, 0.0),
-                (4, 20, Some(8), Some(12), 0.0),
-                (3, 5, Some(4), None, 0.0),
-                (2, 30, None, None, 30.0),
-            ] {
-                let mut mem = HostMemory::default();
-                let (heads, kv_heads, d) = (6, 2, 64);
-                let rows = ring.map_or(q_position as usize + n, |r| r as usize);
-                let q = mem
-                    .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
-                    .unwrap();
-                let k = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
-                let v = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
-                mem.set_f32(&k, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
-                mem.set_f32(&v, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
-                let o = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
-                let params = AttentionParams {
-                    heads,
-                    kv_heads,
-                    head_dim: d,
-                    scale: 1.0 / (d as f32).sqrt(),
-                    q_position,
-                    window,
-                    ring,
-                    softcap,
-                    kv_capacity: 0,
-                    flash: true,
-                };
-                // The kernel reads f16 caches exactly and computes in f32:
-                // only the summation order differs.
-                let op = Op::Attention(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![q, k, v], vec![o]),
-                    &mem,
-                    1e-4,
-                    5e-2,
-                    "attention",
-                );
-            }
-        }
+        check_cases(&gpu, cases::attention(&mut Rng::new(4)));
     }
 
     #[test]
