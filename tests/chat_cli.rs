@@ -1,7 +1,7 @@
 //! `weft run --chat` and `weft chat` on SmolLM2, through the binary.
 //!
 //! The model comes from `fetch::ensure`; without it the tests print why and
-//! pass, unless `WEFT_TEST_REQUIRE_MODEL` is set.
+//! pass, unless `WEFT_TEST_REQUIRE_MODEL=1`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,14 +11,7 @@ use weft::models::gguf::GgufFile;
 use weft::models::tokenizer::Tokenizer;
 
 fn smollm2() -> Option<PathBuf> {
-    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
-        Ok(p) => Some(p),
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the SmolLM2 model is not available ({e})");
-            None
-        }
-        Err(e) => panic!("the SmolLM2 model is required: {e}"),
-    }
+    weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1)
 }
 
 fn weft(model: &std::path::Path, args: &[&str], stdin: Option<&str>) -> (String, String) {

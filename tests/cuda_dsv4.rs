@@ -19,19 +19,7 @@ use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
 const TOL: f64 = 1e-3;
 
-fn cuda_or_skip() -> bool {
-    match Device::Cuda(0).unavailable_reason() {
-        None => true,
-        Some(why) => {
-            assert!(
-                std::env::var_os("WEFT_TEST_REQUIRE_CUDA").is_none(),
-                "WEFT_TEST_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
-            );
-            eprintln!("skipping: CUDA is unavailable ({why})");
-            false
-        }
-    }
-}
+use weft_testkit::require::cuda_or_skip;
 
 fn setup(f: &Fixture, device: Device) -> (GraphExecutor, DeepSeek4, GgufFile) {
     let config = ExecutorConfig {

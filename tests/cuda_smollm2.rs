@@ -9,19 +9,7 @@ use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
-fn cuda_or_skip() -> bool {
-    match Device::Cuda(0).unavailable_reason() {
-        None => true,
-        Some(why) => {
-            assert!(
-                std::env::var_os("WEFT_TEST_REQUIRE_CUDA").is_none(),
-                "WEFT_TEST_REQUIRE_CUDA is set but CUDA is unavailable: {why}"
-            );
-            eprintln!("skipping: CUDA is unavailable ({why})");
-            false
-        }
-    }
-}
+use weft_testkit::require::cuda_or_skip;
 
 fn load(device: Device) -> (GraphExecutor, Model) {
     let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})

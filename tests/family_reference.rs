@@ -22,10 +22,11 @@
 
 mod common;
 
-use common::{read_reference_json, reference_dir};
+use common::reference_dir;
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor, Numerics};
+use weft_testkit::reference::read_reference_json;
 
 /// Largest difference allowed from llama.cpp's top-5 logits in exact
 /// numerics. Both run f32 weights with f32 activations and round keys and

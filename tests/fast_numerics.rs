@@ -36,15 +36,7 @@ const NEAR_TIE: f64 = 0.05;
 const GREEDY_NOISE: f64 = 1.0;
 
 fn executor(numerics: Numerics) -> Option<(GraphExecutor, Model)> {
-    let path =
-        match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
-            Ok(p) => p,
-            Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-                eprintln!("skipping: the SmolLM2 model is not available ({e})");
-                return None;
-            }
-            Err(e) => panic!("the SmolLM2 model is required: {e}"),
-        };
+    let path = weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1)?;
     let config = ExecutorConfig {
         threads: 2,
         check_schedules: true,

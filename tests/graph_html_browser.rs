@@ -23,11 +23,10 @@ fn browser() -> Option<String> {
 #[test]
 fn graph_page_loads_in_chromium_and_counts_nodes() {
     let Some(chrome) = browser() else {
-        assert!(
-            std::env::var_os("WEFT_TEST_REQUIRE_BROWSER").is_none(),
-            "WEFT_TEST_REQUIRE_BROWSER is set but no chromium was found"
+        weft_testkit::require::skip_or_fail(
+            weft_testkit::require::REQUIRE_BROWSER,
+            "no chromium was found on this machine",
         );
-        eprintln!("skipping: no chromium on this machine");
         return;
     };
     let syn = synth::llama_shape(&synth::LlamaShape {

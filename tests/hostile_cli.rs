@@ -8,7 +8,7 @@
 //! "panicked"), a signal or a run past the time limit fails the test. Most
 //! cases fail before any model is loaded; the few that need one use the
 //! default SmolLM2 model (skipped when it cannot be fetched, unless
-//! `WEFT_TEST_REQUIRE_MODEL` is set).
+//! `WEFT_TEST_REQUIRE_MODEL=1`).
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -247,14 +247,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 fn model_available() -> bool {
-    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping the cases that need SmolLM2: {e}");
-            false
-        }
-        Err(e) => panic!("the SmolLM2 model is required: {e}"),
-    }
+    weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1).is_some()
 }
 
 fn non_utf8() -> OsString {

@@ -656,37 +656,26 @@ fn mutated_metadata_and_tensor_tables_are_refused_or_harmless() {
         dsv4_cases(),
         &mut tally,
     );
-    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
-        Ok(path) => {
-            let file = Arc::new(GgufFile::open(&path).expect("SmolLM2"));
-            run_cases(
-                "llama",
-                file,
-                &[504, 3575, 282, 4649, 314],
-                smollm2_cases(),
-                &mut tally,
-            );
-        }
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("SmolLM2 cases skipped: the model is not available ({e})");
-        }
-        Err(e) => panic!("the SmolLM2 model is required: {e}"),
+    if let Some(path) = weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1) {
+        let file = Arc::new(GgufFile::open(&path).expect("SmolLM2"));
+        run_cases(
+            "llama",
+            file,
+            &[504, 3575, 282, 4649, 314],
+            smollm2_cases(),
+            &mut tally,
+        );
     }
-    match weft::models::fetch::ensure(&weft::models::fetch::GEMMA3_270M_Q4_K_M, &mut |_| {}) {
-        Ok(path) => {
-            let file = Arc::new(GgufFile::open(&path).expect("Gemma 3"));
-            run_cases(
-                "gemma3",
-                file,
-                &[2, 100, 200, 300, 400],
-                gemma3_cases(),
-                &mut tally,
-            );
-        }
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("Gemma 3 cases skipped: the model is not available ({e})");
-        }
-        Err(e) => panic!("the Gemma 3 model is required: {e}"),
+    if let Some(path) = weft_testkit::require::model_path(&weft::models::fetch::GEMMA3_270M_Q4_K_M)
+    {
+        let file = Arc::new(GgufFile::open(&path).expect("Gemma 3"));
+        run_cases(
+            "gemma3",
+            file,
+            &[2, 100, 200, 300, 400],
+            gemma3_cases(),
+            &mut tally,
+        );
     }
     report(&tally);
     assert!(

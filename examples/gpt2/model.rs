@@ -7,6 +7,7 @@
 //! prefill chunk or a decode token) through the builder API, with the KV
 //! cache and pool scopes a real model uses.
 
+use weft::graph::synth::SplitMix64;
 use weft::models::{LogitRows, ModelError};
 use weft::ops::{AttentionParams, Builder, DType, Tensor};
 use weft::runtime::cache::{run_step, CacheConfig, CacheSpan, KvCache, LayerSpec};
@@ -80,58 +81,47 @@ pub struct Gpt2Values {
     pub lnf_b: Vec<f32>,
 }
 
-/// Deterministic uniform numbers (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32, offset: f32) -> Vec<f32> {
-        (0..n).map(|_| offset + scale * self.next_f32()).collect()
-    }
+/// `n` values `offset + scale * u`, `u` uniform in [-1, 1).
+fn uniform(rng: &mut SplitMix64, n: usize, scale: f32, offset: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| offset + scale * ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0))
+        .collect()
 }
 
 impl Gpt2Values {
     /// Random weights, scaled like a trained model's (unit-ish activations).
     pub fn random(config: Gpt2Config, seed: u64) -> Self {
-        let mut r = Rng(seed);
+        let mut r = SplitMix64::new(seed);
         let (d, f) = (config.hidden, config.ffn);
         let wd = 1.0 / (d as f32).sqrt();
         let wf = 1.0 / (f as f32).sqrt();
         let layers = (0..config.layers)
             .map(|_| LayerValues {
-                ln1_w: r.vec(d, 0.2, 1.0),
-                ln1_b: r.vec(d, 0.1, 0.0),
-                wq: r.vec(d * d, wd, 0.0),
-                wk: r.vec(d * d, wd, 0.0),
-                wv: r.vec(d * d, wd, 0.0),
-                bq: r.vec(d, 0.1, 0.0),
-                bk: r.vec(d, 0.1, 0.0),
-                bv: r.vec(d, 0.1, 0.0),
-                wo: r.vec(d * d, wd, 0.0),
-                bo: r.vec(d, 0.1, 0.0),
-                ln2_w: r.vec(d, 0.2, 1.0),
-                ln2_b: r.vec(d, 0.1, 0.0),
-                fc1: r.vec(f * d, 2.0 * wd, 0.0),
-                fc1_b: r.vec(f, 0.1, 0.0),
-                fc2: r.vec(d * f, wf, 0.0),
-                fc2_b: r.vec(d, 0.1, 0.0),
+                ln1_w: uniform(&mut r, d, 0.2, 1.0),
+                ln1_b: uniform(&mut r, d, 0.1, 0.0),
+                wq: uniform(&mut r, d * d, wd, 0.0),
+                wk: uniform(&mut r, d * d, wd, 0.0),
+                wv: uniform(&mut r, d * d, wd, 0.0),
+                bq: uniform(&mut r, d, 0.1, 0.0),
+                bk: uniform(&mut r, d, 0.1, 0.0),
+                bv: uniform(&mut r, d, 0.1, 0.0),
+                wo: uniform(&mut r, d * d, wd, 0.0),
+                bo: uniform(&mut r, d, 0.1, 0.0),
+                ln2_w: uniform(&mut r, d, 0.2, 1.0),
+                ln2_b: uniform(&mut r, d, 0.1, 0.0),
+                fc1: uniform(&mut r, f * d, 2.0 * wd, 0.0),
+                fc1_b: uniform(&mut r, f, 0.1, 0.0),
+                fc2: uniform(&mut r, d * f, wf, 0.0),
+                fc2_b: uniform(&mut r, d, 0.1, 0.0),
             })
             .collect();
         Self {
             config,
-            wte: r.vec(config.vocab * d, 1.0, 0.0),
-            wpe: r.vec(config.context * d, 0.5, 0.0),
+            wte: uniform(&mut r, config.vocab * d, 1.0, 0.0),
+            wpe: uniform(&mut r, config.context * d, 0.5, 0.0),
             layers,
-            lnf_w: r.vec(d, 0.2, 1.0),
-            lnf_b: r.vec(d, 0.1, 0.0),
+            lnf_w: uniform(&mut r, d, 0.2, 1.0),
+            lnf_b: uniform(&mut r, d, 0.1, 0.0),
         }
     }
 }

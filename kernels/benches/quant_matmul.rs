@@ -25,28 +25,13 @@ use std::time::{Duration, Instant};
 use weft_kernels::cpu::quant::{self, OutColumns};
 use weft_ops::quant::{quantize_row, vec_dot_type};
 use weft_ops::DType;
+use weft_testkit::Rng;
 
 struct Matrix {
     dtype: DType,
     rows: usize,
     k: usize,
     data: Vec<u8>,
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn row(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2)
-            .collect()
-    }
 }
 
 fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
@@ -59,7 +44,7 @@ fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
 /// does not change the speed).
 fn matrix(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Matrix {
     let distinct: Vec<Vec<u8>> = (0..64.min(rows))
-        .map(|_| quantized(dtype, &rng.row(k)))
+        .map(|_| quantized(dtype, &rng.vec(k, 0.1)))
         .collect();
     let data = (0..rows)
         .flat_map(|r| distinct[r % distinct.len()].iter().copied())
@@ -123,7 +108,7 @@ impl Model {
                 .any(|(k, a)| *k == m.k && a.len() == n * adtype.row_bytes(m.k).unwrap_or(0))
             {
                 let rows: Vec<u8> = (0..n)
-                    .flat_map(|_| quantized(adtype, &rng.row(m.k)))
+                    .flat_map(|_| quantized(adtype, &rng.vec(m.k, 0.1)))
                     .collect();
                 acts.push((m.k, rows));
             }
@@ -256,7 +241,7 @@ const FORMATS: [DType; 7] = [
 ];
 
 fn criterion_benches(c: &mut Criterion) {
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::from_state(0x1234_5678_9abc_def1);
     let bw = Bandwidth::new();
     let mut g = c.benchmark_group("membw");
     g.throughput(Throughput::Bytes(bw.bytes()));
@@ -326,7 +311,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> Duration {
 fn table() {
     let isa = quant::Isa::detect().map_or("?", |i| i.name());
     println!("quantized matmul summary (kernel path: {isa}; best of several passes)");
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::from_state(0x1234_5678_9abc_def1);
     let bw = Bandwidth::new();
     let gbs = |bytes: u64, d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
     let bw_t: Vec<f64> = [1, 2]
@@ -423,7 +408,7 @@ fn table() {
 /// compute throughput, robust to a loaded machine (short runs are rarely
 /// preempted).
 fn hot() {
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::from_state(0x1234_5678_9abc_def1);
     for dtype in FORMATS {
         let (rows, k) = if dtype.block_len() == 256 {
             (1536, 768)
@@ -438,7 +423,7 @@ fn hot() {
             m.acts = vec![(
                 k,
                 (0..n)
-                    .flat_map(|_| quantized(adtype, &rng.row(k)))
+                    .flat_map(|_| quantized(adtype, &rng.vec(k, 0.1)))
                     .collect(),
             )];
             let mut outs = m.outputs();
@@ -467,11 +452,11 @@ fn hot() {
 /// one call or as calls of `chunk` rows (how the runtime splits work):
 /// shows the per-call cost of preparing the activations.
 fn chunks() {
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::from_state(0x1234_5678_9abc_def1);
     let (rows, k, n) = (1536, 576, 512);
     let mat = matrix(&mut rng, DType::Q4_1, rows, k);
     let act: Vec<u8> = (0..n)
-        .flat_map(|_| quantized(DType::Q8_1, &rng.row(k)))
+        .flat_map(|_| quantized(DType::Q8_1, &rng.vec(k, 0.1)))
         .collect();
     let mut out = vec![0f32; rows * n];
     for chunk in [1536, 384, 128, 64, 36, 16] {

@@ -17,15 +17,10 @@ mod cuda_common;
 use cuda_common::*;
 use weft_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use weft_kernels::cuda::DeviceTensor;
-use weft_ops::quant::{quantize_row, vec_dot_type};
+use weft_ops::quant::vec_dot_type;
 use weft_ops::reference::HostMemory;
 use weft_ops::{AttentionParams, DType, Op, RopeMode, RopeParams, Tensor};
-
-fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
-    let mut q = vec![0u8; dtype.row_bytes(x.len()).expect("whole blocks")];
-    quantize_row(dtype, x, &mut q).expect("quantize");
-    q
-}
+use weft_testkit::host::quantized;
 
 /// `rows` rows of random weights in `dtype`.
 fn weights(rng: &mut Rng, mem: &mut HostMemory, dtype: DType, rows: usize, k: usize) -> Tensor {

@@ -2,63 +2,20 @@
 //! backend's work split (`work_split` + `run_item`), for every weight format,
 //! against the reference semantics on fresh random inputs.
 
-use weft_kernels::cpu::{self, HostTensor};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpNode, Tensor};
-
-struct Rng(u64);
-
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        let v = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-        if v == 0.0 {
-            0.25
-        } else {
-            v
-        }
-    }
-}
-
-fn run_cpu(node: &OpNode, mem: &HostMemory, threads: usize) -> HostMemory {
-    let mut out = mem.clone();
-    let resolve = |m: &mut HostMemory, t: &Tensor| HostTensor {
-        ptr: m
-            .bytes_mut(&Tensor { offset: 0, ..*t })
-            .as_mut_ptr()
-            .wrapping_add(t.offset as usize),
-        tensor: *t,
-    };
-    let ins: Vec<HostTensor> = node.inputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let outs: Vec<HostTensor> = node.outputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let split = cpu::work_split(node, threads);
-    for item in 0..split.items {
-        // SAFETY: single-threaded; the tensors live in `out`.
-        unsafe { cpu::run_item(node, &ins, &outs, &split, item) }.expect("kernel");
-    }
-    out
-}
+use weft_testkit::host::{encoded_tensor, run_cpu};
+use weft_testkit::Rng;
 
 /// A weight tensor of `dtype` holding quantized random values.
 fn weights(mem: &mut HostMemory, rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Tensor {
-    let values: Vec<f32> = (0..rows * k).map(|_| rng.f32()).collect();
-    let row_bytes = dtype.row_bytes(k).expect("whole blocks");
-    let mut bytes = vec![0u8; rows * row_bytes];
-    for (src, dst) in values.chunks(k).zip(bytes.chunks_mut(row_bytes)) {
-        match dtype {
-            DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-            _ => weft_ops::quant::quantize_row(dtype, src, dst).expect("quantize"),
-        }
-    }
-    mem.tensor(dtype, &[rows, k], &bytes).expect("tensor")
+    let values = rng.vec(rows * k, 1.0);
+    encoded_tensor(mem, dtype, &[rows, k], &values)
 }
 
 #[test]
 fn matmul_matches_the_reference_for_every_weight_format() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let formats = [
         DType::F32,
         DType::F16,
@@ -75,7 +32,7 @@ fn matmul_matches_the_reference_for_every_weight_format() {
         for (n, m) in [(1usize, 37usize), (5, 64)] {
             let mut mem = HostMemory::default();
             let w = weights(&mut mem, &mut rng, dtype, m, k);
-            let xv: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+            let xv = rng.vec(n * k, 1.0);
             let x = mem.f32_tensor(&[n, k], &xv).expect("x");
             // Activations quantized by the backend exactly as the builder records it.
             let act = weft_ops::quant::vec_dot_type(dtype);
@@ -119,7 +76,7 @@ fn matmul_matches_the_reference_for_every_weight_format() {
 
 #[test]
 fn embedding_rows_match_the_reference_for_every_table_format() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     for dtype in [
         DType::F32,
         DType::F16,

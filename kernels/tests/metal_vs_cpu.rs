@@ -1,20 +1,14 @@
 //! The Metal backend against the reference semantics (what every CPU
-//! kernel is checked against too): every op weft's models use, on fresh
-//! random inputs, through the same encode path the runtime uses (arena,
+//! kernel is checked against too): every op weft's models use, on seeded
+//! random inputs (the element-wise, norm, rope and attention cases are
+//! `weft_testkit::cases`' lists, which `ops_vs_reference.rs` runs on the
+//! CPU), through the same encode path the runtime uses (arena,
 //! status words, matmul prologues, quantization companions), with the
 //! tolerance stated per case.
 //!
-//! Runs on macOS with `--features metal` (see `scripts/test-metal.sh`);
-//! elsewhere one test says it was skipped. Without a Metal device the tests
-//! skip with a message, unless `WEFT_TEST_REQUIRE_METAL=1`.
-
-#[cfg(not(all(feature = "metal", target_os = "macos")))]
-#[test]
-fn metal_tests_need_macos_and_the_metal_feature() {
-    eprintln!(
-        "skipping: the Metal tests run on macOS with `--features metal` (scripts/test-metal.sh)"
-    );
-}
+//! Compiled on macOS with `--features metal` only (see
+//! `scripts/test-metal.sh`); elsewhere the file is empty. Without a Metal
+//! device the tests skip with a message, unless `WEFT_TEST_REQUIRE_METAL=1`.
 
 #[cfg(all(feature = "metal", target_os = "macos"))]
 mod metal {
@@ -23,50 +17,19 @@ mod metal {
     use weft_kernels::metal::{
         read_u32s, route, Arena, MetalKernels, MetalTensor, MlxDType, NodeAux, Route,
     };
-    use weft_ops::reference::{self, HostMemory};
-    use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
-
-    /// Deterministic random numbers (SplitMix64) so failures reproduce.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        /// Uniform in [-1, 1), never exactly zero.
-        fn f32(&mut self) -> f32 {
-            let v = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if v == 0.0 {
-                0.5
-            } else {
-                v
-            }
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.f32() * scale).collect()
-        }
-    }
+    use weft_ops::reference::HostMemory;
+    use weft_ops::{DType, Op, OpNode, Tensor};
+    use weft_testkit::cases::{self, OpCase};
+    use weft_testkit::host::{encoded_tensor, node, run_ref};
+    use weft_testkit::require::{or_skip, REQUIRE_METAL};
+    use weft_testkit::Rng;
 
     /// The device and its kernels, or `None` (with a message) without one.
     fn gpu() -> Option<(MlxDevice, MetalKernels)> {
-        match MlxDevice::new() {
-            Ok(device) => {
-                let kernels = MetalKernels::new(device.clone());
-                kernels.prepare().expect("weft's Metal shaders compile");
-                Some((device, kernels))
-            }
-            Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_METAL").is_none() => {
-                eprintln!(
-                    "skipping: no Metal device ({e}); set WEFT_TEST_REQUIRE_METAL=1 to fail instead"
-                );
-                None
-            }
-            Err(e) => panic!("a Metal device is required: {e}"),
-        }
+        let device = or_skip(REQUIRE_METAL, "a Metal device", MlxDevice::new())?;
+        let kernels = MetalKernels::new(device.clone());
+        kernels.prepare().expect("weft's Metal shaders compile");
+        Some((device, kernels))
     }
 
     /// What a Metal run gives back besides memory.
@@ -164,18 +127,6 @@ mod metal {
         }
     }
 
-    fn run_ref(node: &OpNode, mem: &HostMemory) -> HostMemory {
-        let mut out = mem.clone();
-        reference::run(node, &mut out).expect("reference");
-        out
-    }
-
-    fn node(op: Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> OpNode {
-        let n = OpNode::new(op, inputs, outputs);
-        n.validate().expect("valid node");
-        n
-    }
-
     /// Largest |a - b| / (|b| + floor) over the output, at most `tol`.
     fn compare(
         gpu: &(MlxDevice, MetalKernels),
@@ -209,127 +160,51 @@ mod metal {
 
     /// A tensor of `dtype` holding random values (quantized for block types).
     fn values(mem: &mut HostMemory, rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
-        let k = dims[dims.len() - 1];
-        let rows: usize = dims[..dims.len() - 1].iter().product();
-        let v = rng.vec(rows * k, 1.0);
-        let row_bytes = dtype.row_bytes(k).expect("whole blocks");
-        let mut bytes = vec![0u8; rows * row_bytes];
-        for (src, dst) in v.chunks(k).zip(bytes.chunks_mut(row_bytes)) {
-            match dtype {
-                DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-                _ => weft_ops::quant::quantize_row(dtype, src, dst).expect("quantize"),
-            }
+        let n: usize = dims.iter().product();
+        let v = rng.vec(n, 1.0);
+        encoded_tensor(mem, dtype, dims, &v)
+    }
+
+    /// Metal's bound against the reference for a shared case's op.
+    fn tolerance(node: &OpNode) -> (f32, f32) {
+        match &node.op {
+            Op::Add | Op::Mul | Op::Scale { .. } => (1e-6, 1e-6),
+            // Metal's exp is within a few ulps.
+            Op::SiluMul => (1e-5, 1e-5),
+            // GELU in its tanh form, as the reference computes it.
+            Op::Gelu | Op::GeluMul => (1e-5, 1e-4),
+            // f32 sums on the GPU, f64 in the reference.
+            Op::RmsNorm { .. } => (1e-5, 1e-5),
+            Op::LayerNorm { .. } => (1e-5, 0.1),
+            Op::Softmax { .. } => (1e-5, 1e-6),
+            // Metal's precise cos/sin against Rust's: a few ulps of the
+            // angle (~2e-5 rad at position 190).
+            Op::Rope(_) => (2e-4, 1e-2),
+            // The kernel reads f16 caches exactly and computes in f32:
+            // only the summation order differs.
+            Op::Attention(_) => (1e-4, 5e-2),
+            op => panic!("no Metal tolerance for {}", op.name()),
         }
-        mem.tensor(dtype, dims, &bytes).expect("tensor")
+    }
+
+    /// Every case of a shared list, Metal against the reference.
+    fn check_cases(gpu: &(MlxDevice, MetalKernels), cases: Vec<OpCase>) {
+        for c in cases {
+            let (tol, floor) = tolerance(&c.node);
+            compare(gpu, &c.node, &c.mem, tol, floor, &c.name);
+        }
     }
 
     #[test]
     fn elementwise_norms_and_softmax_match_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(1);
-        let mut mem = HostMemory::default();
-        for (rows, cols) in [(1, 576), (7, 64), (3, 1001)] {
-            let a = mem
-                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
-                .unwrap();
-            let b = mem
-                .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
-                .unwrap();
-            let b1 = mem.f32_tensor(&[1, cols], &rng.vec(cols, 3.0)).unwrap();
-            let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
-            let bias = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
-            let o = mem.zeros(DType::F32, &[rows, cols]).unwrap();
-            let g = &gpu;
-            compare(
-                g,
-                &node(Op::Add, vec![a, b], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "add",
-            );
-            compare(
-                g,
-                &node(Op::Add, vec![a, b1], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "add row",
-            );
-            compare(
-                g,
-                &node(Op::Mul, vec![a, b], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "mul",
-            );
-            compare(
-                g,
-                &node(Op::Mul, vec![a, b1], vec![o]),
-                &mem,
-                1e-6,
-                1e-6,
-                "mul row",
-            );
-            let scale = Op::Scale { factor: 0.37 };
-            compare(g, &node(scale, vec![a], vec![o]), &mem, 1e-6, 1e-6, "scale");
-            // Metal's exp is within a few ulps.
-            compare(
-                g,
-                &node(Op::SiluMul, vec![a, b], vec![o]),
-                &mem,
-                1e-5,
-                1e-5,
-                "silu_mul",
-            );
-            // f32 sums on the GPU, f64 in the reference.
-            let rms = Op::RmsNorm { eps: 1e-5 };
-            compare(
-                g,
-                &node(rms, vec![a, w], vec![o]),
-                &mem,
-                1e-5,
-                1e-5,
-                "rms_norm",
-            );
-            let ln = Op::LayerNorm { eps: 1e-5 };
-            compare(
-                g,
-                &node(ln, vec![a, w, bias], vec![o]),
-                &mem,
-                1e-5,
-                0.1,
-                "layer_norm",
-            );
-            for s in [1.0, 0.7] {
-                let sm = Op::Softmax { scale: s };
-                compare(g, &node(sm, vec![a], vec![o]), &mem, 1e-5, 1e-6, "softmax");
-            }
-            // GELU in its tanh form, as the reference computes it.
-            compare(
-                g,
-                &node(Op::Gelu, vec![a], vec![o]),
-                &mem,
-                1e-5,
-                1e-4,
-                "gelu",
-            );
-            compare(
-                g,
-                &node(Op::GeluMul, vec![a, b], vec![o]),
-                &mem,
-                1e-5,
-                1e-4,
-                "gelu_mul",
-            );
-        }
+        check_cases(&gpu, cases::elementwise(&mut Rng::new(1)));
     }
 
     #[test]
     fn argmax_copies_rows_and_writes_match_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(2);
+        let mut rng = Rng::new(2);
         let mut mem = HostMemory::default();
         let x = mem.f32_tensor(&[5, 300], &rng.vec(1500, 2.0)).unwrap();
         let ids = mem.zeros(DType::I32, &[5]).unwrap();
@@ -387,102 +262,19 @@ mod metal {
     #[test]
     fn rope_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(3);
-        let mut mem = HostMemory::default();
-        let (rows, heads, d) = (6, 3, 64);
-        let x = mem
-            .f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0))
-            .unwrap();
-        let pos: Vec<i32> = (0..rows as i32).map(|i| i * 37 + 5).collect();
-        let p = mem
-            .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
-            .unwrap();
-        let o = mem.zeros(DType::F32, &[rows, heads * d]).unwrap();
-        for mode in [RopeMode::Normal, RopeMode::Neox] {
-            for n_dims in [64, 32] {
-                let mut params = RopeParams::plain(mode, d, n_dims, 10000.0);
-                // Metal's precise cos/sin against Rust's: a few ulps of the
-                // angle (~2e-5 rad at position 190).
-                let op = Op::Rope(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![x, p], vec![o]),
-                    &mem,
-                    2e-4,
-                    1e-2,
-                    "rope",
-                );
-                params.ext_factor = 1.0;
-                params.freq_scale = 0.25;
-                params.orig_ctx = 4096;
-                params.base = 100000.0;
-                let op = Op::Rope(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![x, p], vec![o]),
-                    &mem,
-                    2e-4,
-                    1e-2,
-                    "rope yarn",
-                );
-            }
-        }
+        check_cases(&gpu, cases::rope(&mut Rng::new(3)));
     }
 
     #[test]
     fn attention_matches_reference() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(4);
-        for kv_dtype in [DType::F32, DType::F16] {
-            for (n, q_position, window, ring, softcap) in [
-                (1, 9, None, None, 0.0),
-                (5, 0, None, None, 0.0),
-                (4, 20, Some(8), Some(12), 0.0),
-                (3, 5, Some(4), None, 0.0),
-                (2, 30, None, None, 30.0),
-            ] {
-                let mut mem = HostMemory::default();
-                let (heads, kv_heads, d) = (6, 2, 64);
-                let rows = ring.map_or(q_position as usize + n, |r| r as usize);
-                let q = mem
-                    .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
-                    .unwrap();
-                let k = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
-                let v = mem.zeros(kv_dtype, &[rows, kv_heads * d]).unwrap();
-                mem.set_f32(&k, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
-                mem.set_f32(&v, &rng.vec(rows * kv_heads * d, 1.0)).unwrap();
-                let o = mem.zeros(DType::F32, &[n, heads * d]).unwrap();
-                let params = AttentionParams {
-                    heads,
-                    kv_heads,
-                    head_dim: d,
-                    scale: 1.0 / (d as f32).sqrt(),
-                    q_position,
-                    window,
-                    ring,
-                    softcap,
-                    kv_capacity: 0,
-                    flash: true,
-                };
-                // The kernel reads f16 caches exactly and computes in f32:
-                // only the summation order differs.
-                let op = Op::Attention(params);
-                compare(
-                    &gpu,
-                    &node(op, vec![q, k, v], vec![o]),
-                    &mem,
-                    1e-4,
-                    5e-2,
-                    "attention",
-                );
-            }
-        }
+        check_cases(&gpu, cases::attention(&mut Rng::new(4)));
     }
 
     #[test]
     fn get_rows_matches_reference_and_flags_bad_ids() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(5);
+        let mut rng = Rng::new(5);
         let tables = [
             DType::F32,
             DType::F16,
@@ -523,7 +315,7 @@ mod metal {
     #[test]
     fn activation_quantization_is_bit_exact_with_its_f32_image() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(6);
+        let mut rng = Rng::new(6);
         for dtype in [
             DType::Q8_0,
             DType::Q8_1,
@@ -559,7 +351,7 @@ mod metal {
     #[test]
     fn matmul_matches_reference_for_every_weight_format() {
         let Some(gpu) = gpu() else { return };
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let formats = [
             DType::F32,
             DType::F16,

@@ -22,47 +22,10 @@ mod quant {
     use weft_kernels::cpu::quant::{
         self, DotOrder, Isa, OutColumns, REFERENCE_WEIGHTS, SUPPORTED_WEIGHTS,
     };
-    use weft_ops::quant::{dequantize_row, quantize_row, vec_dot_reference, vec_dot_type};
+    use weft_ops::quant::{dequantize_row, vec_dot_reference, vec_dot_type};
     use weft_ops::DType;
-
-    struct Rng(u64, u64);
-
-    impl Rng {
-        fn new(salt: u64) -> Rng {
-            let seed = std::env::var("WEFT_TEST_SEED")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or_else(|| {
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(7, |d| d.as_nanos() as u64)
-                });
-            Rng((seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1, seed)
-        }
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32
-        }
-        fn range(&mut self, lo: usize, hi: usize) -> usize {
-            lo + (self.next() % (hi - lo) as u64) as usize
-        }
-        /// Values in ±scale around an offset; scale 10^-2..10^1, never all zero.
-        fn row(&mut self, n: usize) -> Vec<f32> {
-            let scale = 10f32.powf(self.unit() * 3.0 - 2.0);
-            let offset = (self.unit() - 0.5) * scale * if self.next() & 1 == 0 { 0.0 } else { 1.0 };
-            (0..n)
-                .map(|_| offset + (self.unit() * 2.0 - 1.0) * scale)
-                .collect()
-        }
-        fn seed(&self) -> u64 {
-            self.1
-        }
-    }
+    use weft_testkit::host::quantized;
+    use weft_testkit::Rng;
 
     fn paths() -> Vec<Isa> {
         [Isa::Scalar, Isa::Avx2, Isa::Avx512]
@@ -71,20 +34,14 @@ mod quant {
             .collect()
     }
 
-    fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
-        let mut q = vec![0u8; dtype.row_bytes(x.len()).expect("whole blocks")];
-        quantize_row(dtype, x, &mut q).expect("quantize");
-        q
-    }
-
     /// A random weight matrix (`rows` x `k`) of `dtype` and `n` activation rows.
     fn problem(rng: &mut Rng, dtype: DType, rows: usize, k: usize, n: usize) -> (Vec<u8>, Vec<u8>) {
         let w: Vec<u8> = (0..rows)
-            .flat_map(|_| quantized(dtype, &rng.row(k)))
+            .flat_map(|_| quantized(dtype, &rng.spread_row(k, -2.0, 1.0)))
             .collect();
         let adtype = vec_dot_type(dtype);
         let a: Vec<u8> = (0..n)
-            .flat_map(|_| quantized(adtype, &rng.row(k)))
+            .flat_map(|_| quantized(adtype, &rng.spread_row(k, -2.0, 1.0)))
             .collect();
         (w, a)
     }
@@ -128,7 +85,7 @@ mod quant {
 
     #[test]
     fn activation_quantizers_are_bit_identical_to_the_reference() {
-        let mut rng = Rng::new(11);
+        let mut rng = Rng::from_env(11);
         for dtype in [
             DType::Q8_0,
             DType::Q8_1,
@@ -141,7 +98,7 @@ mod quant {
                 let n = dtype.block_len()
                     * rng.range(1, 20)
                     * if dtype.block_len() == 1 { 7 } else { 1 };
-                let mut x = rng.row(n);
+                let mut x = rng.spread_row(n, -2.0, 1.0);
                 // Exact ties and a zero block stress the rounding and the guards.
                 if n >= 64 && rng.next() & 1 == 0 {
                     x[0] = 127.0;
@@ -165,7 +122,7 @@ mod quant {
 
     #[test]
     fn every_path_matches_the_reference_dot_within_rounding() {
-        let mut rng = Rng::new(12);
+        let mut rng = Rng::from_env(12);
         for dtype in SUPPORTED_WEIGHTS.into_iter().chain(REFERENCE_WEIGHTS) {
             for _ in 0..25 {
                 let k = random_k(&mut rng, dtype);
@@ -217,7 +174,7 @@ mod quant {
     /// reference within rounding).
     #[test]
     fn matmul_is_bit_identical_across_paths_and_matches_the_reference() {
-        let mut rng = Rng::new(13);
+        let mut rng = Rng::from_env(13);
         for dtype in SUPPORTED_WEIGHTS.into_iter().chain(REFERENCE_WEIGHTS) {
             for _ in 0..4 {
                 let k = random_k(&mut rng, dtype);
@@ -440,7 +397,7 @@ mod quant {
     /// llama.cpp's kernels.
     #[test]
     fn kquant_orders_are_llama_cpps_kernels() {
-        let mut rng = Rng::new(15);
+        let mut rng = Rng::from_env(15);
         let mut differs = [0usize; 2];
         for dtype in [DType::Q4_K, DType::Q6_K] {
             for _ in 0..60 {
@@ -507,7 +464,7 @@ mod quant {
     /// every path.
     #[test]
     fn kquant_matmul_takes_llama_cpps_order_per_token() {
-        let mut rng = Rng::new(16);
+        let mut rng = Rng::from_env(16);
         for dtype in [DType::Q4_K, DType::Q6_K] {
             for (n, repackable) in (1..=13).flat_map(|n| [(n, true), (n, false)]) {
                 let k = 256 * rng.range(1, 5);
@@ -550,7 +507,7 @@ mod quant {
 
     #[test]
     fn split_columns_on_threads_give_the_same_output() {
-        let mut rng = Rng::new(14);
+        let mut rng = Rng::from_env(14);
         let (dtype, k, rows, n) = (DType::Q4_1, 576, 37, 9);
         let (w, a) = problem(&mut rng, dtype, rows, k, n);
         let whole = matmul_on(Isa::detect().expect("isa"), dtype, &w, k, rows, &a, n);

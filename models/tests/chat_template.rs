@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 use weft_models::chat::{encode_rendered, ChatTemplate, ChatTemplateError, Message, TemplateFault};
-use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
+use weft_models::fetch::{ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::Tokenizer;
 
@@ -167,19 +167,7 @@ fn python_string_methods_and_loop_controls() {
 }
 
 fn tokenizer(spec: &ModelSpec) -> Option<(GgufFile, Tokenizer)> {
-    let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
-        Ok(p) => p,
-        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!(
-                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
-                spec.name
-            )
-        }
-        Err(e) => {
-            eprintln!("skipping: {} not available ({e})", spec.name);
-            return None;
-        }
-    };
+    let path = weft_testkit::require::model_path(spec)?;
     let file = GgufFile::open(&path).expect("gguf");
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     Some((file, tok))

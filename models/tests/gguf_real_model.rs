@@ -14,16 +14,7 @@ use weft_models::gguf::GgufFile;
 use weft_ops::DType;
 
 fn model() -> Option<std::path::PathBuf> {
-    match ensure(&SMOLLM2_135M_Q4_1, &mut |msg| eprintln!("[fetch] {msg}")) {
-        Ok(path) => Some(path),
-        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!("WEFT_TEST_REQUIRE_MODEL=1 but the model could not be obtained: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: SmolLM2 model not available ({e})");
-            None
-        }
-    }
+    weft_testkit::require::model_path(&SMOLLM2_135M_Q4_1)
 }
 
 #[test]

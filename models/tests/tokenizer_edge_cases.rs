@@ -8,24 +8,12 @@
 
 use std::sync::OnceLock;
 
-use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
+use weft_models::fetch::{ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, TokenId, Tokenizer};
 
 fn load(spec: &ModelSpec) -> Option<Tokenizer> {
-    let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
-        Ok(path) => path,
-        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!(
-                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
-                spec.name
-            )
-        }
-        Err(e) => {
-            eprintln!("skipping: {} not available ({e})", spec.name);
-            return None;
-        }
-    };
+    let path = weft_testkit::require::model_path(spec)?;
     let file = GgufFile::open(&path).expect("the cached model opens");
     Some(Tokenizer::from_gguf(&file).expect("the tokenizer loads"))
 }

@@ -17,21 +17,11 @@ use std::time::Instant;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use weft_models::fetch::{ensure, ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
+use weft_models::fetch::{ModelSpec, GEMMA3_270M_Q4_K_M, SMOLLM2_135M_Q4_1};
 use weft_models::gguf::GgufFile;
 use weft_models::tokenizer::{EncodeOptions, ModelKind, TokenId, Tokenizer, Vocab};
 
-/// The reference outputs: `$WEFT_TEST_REFERENCE_DIR`, else the repository's
-/// `tests/reference` (beside this crate, in the workspace root).
-fn reference_dir() -> String {
-    match std::env::var_os("WEFT_TEST_REFERENCE_DIR") {
-        Some(dir) if dir.is_empty() => {
-            panic!("WEFT_TEST_REFERENCE_DIR is set but empty; unset it to use tests/reference")
-        }
-        Some(dir) => dir.to_string_lossy().into_owned(),
-        None => concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/reference").into(),
-    }
-}
+use weft_testkit::reference::reference_json;
 const DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 /// A model's vocabulary and tokenizer.
@@ -41,19 +31,7 @@ struct Loaded {
 }
 
 fn load(spec: &ModelSpec) -> Option<Loaded> {
-    let path = match ensure(spec, &mut |msg| eprintln!("[fetch] {msg}")) {
-        Ok(path) => path,
-        Err(e) if std::env::var("WEFT_TEST_REQUIRE_MODEL").as_deref() == Ok("1") => {
-            panic!(
-                "WEFT_TEST_REQUIRE_MODEL=1 but {} could not be obtained: {e}",
-                spec.name
-            )
-        }
-        Err(e) => {
-            eprintln!("skipping: {} not available ({e})", spec.name);
-            return None;
-        }
-    };
+    let path = weft_testkit::require::model_path(spec)?;
     let file = GgufFile::open(&path).expect("the cached model opens");
     let start = Instant::now();
     let tokenizer = Tokenizer::from_gguf(&file).expect("the tokenizer loads");
@@ -89,7 +67,7 @@ fn ids(value: &Value) -> Vec<TokenId> {
 
 /// Prompt ids and greedy continuations of the reference file.
 fn check_reference(tokenizer: &Tokenizer, file: &str) {
-    let reference = read_json(&format!("{}/{file}", reference_dir()));
+    let reference = reference_json(file);
     let cases = reference["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
     for case in cases {

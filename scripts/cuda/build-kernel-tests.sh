@@ -7,8 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 mkdir -p .device
-json=$(cargo test -p weft-kernels --features cuda --release --no-run --message-format=json 2>/dev/null)
-pick() { # test target name -> executable path
+# The library's unit tests, the integration tests and the timing benchmark
+# (kernels/benches/cuda_bench.rs, a plain executable: harness = false).
+json=$(cargo test -p weft-kernels --features cuda --release --no-run --lib --tests --bench cuda_bench \
+  --message-format=json 2>/dev/null)
+pick() { # test or bench target name -> executable path
   printf '%s\n' "$json" | grep '"executable":"' | grep "\"name\":\"$1\"" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1
 }
 for t in cuda_vs_cpu cuda_dsv4 cuda_bench; do

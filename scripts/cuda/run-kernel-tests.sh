@@ -49,7 +49,7 @@ grep -E "panicked|differ|mismatch|NOTE|glibc|rope past|softcap" "$OUT/tests.log"
 echo "$passed passed, $failed failed"
 if [ -z "${WEFT_SKIP_TIMINGS:-}" ]; then
   echo "== timings"
-  timeout 180 "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/bench.log" 2>&1 || status=1
+  timeout 180 "$DIR/cuda_bench" > "$OUT/bench.log" 2>&1 || status=1
   grep -vE "^running|^$" "$OUT/bench.log" | tail -40
 fi
 # Optional: hardware counters of a few kernels (WEFT_NCU="kernel regex" and
@@ -59,13 +59,13 @@ if [ -n "${WEFT_NCU:-}" ]; then
   echo "== ncu ($NCU) on kernels matching $WEFT_NCU"
   timeout 240 "$NCU" --clock-control none -k "regex:$WEFT_NCU" -s 20 -c "${WEFT_NCU_COUNT:-3}" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters \
-    env WEFT_TEST_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/ncu.log" 2>&1 || status=1
+    env WEFT_TEST_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" > "$OUT/ncu.log" 2>&1 || status=1
   grep -E "^  [a-z_0-9]+\(|Duration|Warp Cycles Per Issued|Stall|Issued Warp|Registers Per|Achieved Occupancy|Eligible Warps|One or More|No Eligible" "$OUT/ncu.log" | head -60
   # Per-instruction stall samples (SASS) of the first matching launch, as CSV.
   if [ -n "${WEFT_NCU_SOURCE:-}" ]; then
     timeout 240 "$NCU" --clock-control none -k "regex:$WEFT_NCU" -s 20 -c 1 --warp-sampling-interval 0 --section WarpStateStats --section SourceCounters \
       --page source --print-source sass --csv \
-      env WEFT_TEST_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" --ignored --nocapture --test-threads=1 > "$OUT/ncu-source.csv" 2>&1 || status=1
+      env WEFT_TEST_BENCH_FILTER="${WEFT_NCU_FILTER:-}" "$DIR/cuda_bench" > "$OUT/ncu-source.csv" 2>&1 || status=1
     wc -l "$OUT/ncu-source.csv"
   fi
 fi

@@ -2,16 +2,9 @@
 
 #![allow(dead_code)]
 
-mod reference;
-
-pub use reference::{read_reference, read_reference_json, reference_dir};
 use weft::models::Model;
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
-
-/// Reference file `name` (under [`reference_dir`]) as JSON.
-pub fn reference_json(name: &str) -> serde_json::Value {
-    read_reference_json(&reference_dir().join(name))
-}
+pub use weft_testkit::reference::{read_reference, reference_dir, reference_json};
 
 /// Each case of reference file `name` as (prompt ids, greedy ids).
 pub fn reference_greedy_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
@@ -40,54 +33,25 @@ pub struct Setup {
     pub model: Model,
 }
 
-/// The default model on a CPU executor, or `None` (with a message) when it
-/// cannot be fetched and `WEFT_TEST_REQUIRE_MODEL` is not set.
+/// The default model (SmolLM2-135M-Instruct Q4_1) on a CPU executor, or
+/// `None` (with a message) when it cannot be fetched and
+/// `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_smollm2(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
-    let path = match weft::models::fetch::ensure(
+    load_known(
         &weft::models::fetch::SMOLLM2_135M_Q4_1,
-        &mut |_| {},
-    ) {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
-            return None;
-        }
-        Err(e) => panic!("the SmolLM2 model is required: {e}"),
-    };
-    let mut config = ExecutorConfig {
         threads,
-        check_schedules: true,
-        ..Default::default()
-    };
-    config.cut.layers_per_cb = layers_per_cb;
-    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
-    let model = Model::load(&path, &mut exec).expect("load SmolLM2");
-    Some(Setup { exec, model })
+        layers_per_cb,
+    )
 }
 
 /// Gemma 3 270M Q4_K_M on a CPU executor, or `None` (with a message) when
 /// it cannot be fetched and `WEFT_TEST_REQUIRE_MODEL` is not set.
 pub fn load_gemma3(threads: usize, layers_per_cb: Option<u32>) -> Option<Setup> {
-    let path = match weft::models::fetch::ensure(
+    load_known(
         &weft::models::fetch::GEMMA3_270M_Q4_K_M,
-        &mut |_| {},
-    ) {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the Gemma 3 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
-            return None;
-        }
-        Err(e) => panic!("the Gemma 3 model is required: {e}"),
-    };
-    let mut config = ExecutorConfig {
         threads,
-        check_schedules: true,
-        ..Default::default()
-    };
-    config.cut.layers_per_cb = layers_per_cb;
-    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
-    let model = Model::load(&path, &mut exec).expect("load Gemma 3");
-    Some(Setup { exec, model })
+        layers_per_cb,
+    )
 }
 
 /// Qwen2.5-Coder-0.5B-Instruct Q4_K_M on a CPU executor, or `None` (with a
@@ -108,17 +72,7 @@ pub fn load_known(
     threads: usize,
     layers_per_cb: Option<u32>,
 ) -> Option<Setup> {
-    let path = match weft::models::fetch::ensure(spec, &mut |_| {}) {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!(
-                "skipping: the model {} is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead",
-                spec.name
-            );
-            return None;
-        }
-        Err(e) => panic!("the model {} is required: {e}", spec.name),
-    };
+    let path = weft_testkit::require::model_path(spec)?;
     let mut config = ExecutorConfig {
         threads,
         check_schedules: true,
@@ -149,4 +103,48 @@ pub fn prefilled(
         )
         .expect("prefill");
     (cache, logits)
+}
+
+/// Perplexity of `setup`'s model on the text of reference file
+/// `reference`'s first `perplexity` case (read from `text`, else from the
+/// path the case names) against llama.cpp's, within `tolerance` relative,
+/// over the same number of windows (and tokens, where the case records
+/// them). Skips, or fails under `WEFT_TEST_REQUIRE_MODEL=1`, without the text.
+pub fn check_perplexity(setup: Setup, reference: &str, text: Option<&str>, tolerance: f64) {
+    let Setup { mut exec, model } = setup;
+    let reference = reference_json(reference);
+    let case = &reference["perplexity"][0];
+    let path = text.unwrap_or_else(|| case["file"].as_str().expect("file"));
+    let Ok(text) = std::fs::read_to_string(path) else {
+        weft_testkit::require::skip_or_fail(
+            weft_testkit::require::REQUIRE_MODEL,
+            &format!("the perplexity text {path} is not on this machine"),
+        );
+        return;
+    };
+    let want = case["ppl"].as_f64().expect("ppl");
+    let ctx = case["ctx"].as_u64().expect("ctx") as usize;
+    let tokens = model.tokenizer.encode(&text);
+    if let Some(n) = case["tokens"].as_u64() {
+        assert_eq!(tokens.len() as u64, n, "tokens of {path}");
+    }
+    let start = std::time::Instant::now();
+    let got = weft::models::eval::perplexity(&model, &mut exec, &tokens, ctx, &mut |_, _| {})
+        .expect("perplexity");
+    eprintln!(
+        "perplexity {:.4} vs llama.cpp {want} over {} chunks ({:+.3}%) in {:.1} s",
+        got.ppl,
+        got.chunks,
+        (got.ppl - want) / want * 100.0,
+        start.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        got.chunks,
+        case["chunks"].as_u64().expect("chunks") as usize
+    );
+    assert!(
+        (got.ppl - want).abs() / want < tolerance,
+        "perplexity {} vs {want}",
+        got.ppl
+    );
 }

@@ -4,10 +4,8 @@
 
 #![allow(dead_code)]
 
-#[path = "../common/reference.rs"]
-mod reference;
-
 use std::path::PathBuf;
+use weft_testkit::reference;
 
 /// One fixture case: a GGUF and one prompt's expected outputs.
 pub struct Fixture {

@@ -24,14 +24,8 @@ impl Drop for Server {
 
 /// The SmolLM2 path, or `None` (skipping) when it cannot be had.
 pub fn model_path() -> Option<String> {
-    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
-        Ok(p) => Some(p.to_string_lossy().into_owned()),
-        Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
-            eprintln!("skipping: the SmolLM2 model is not available ({e}); set WEFT_TEST_REQUIRE_MODEL=1 to fail instead");
-            None
-        }
-        Err(e) => panic!("the SmolLM2 model is required: {e}"),
-    }
+    weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1)
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// Starts `weft serve --port 0 ARGS` and waits until `/health` says ok.
@@ -336,12 +330,10 @@ pub fn openai_check(server: &Server, id: &str) {
         .status()
         .is_ok_and(|s| s.success());
     if !has {
-        assert!(
-            std::env::var_os("WEFT_TEST_REQUIRE_OPENAI").is_none(),
-            "WEFT_TEST_REQUIRE_OPENAI is set but python3 cannot import openai"
-        );
-        eprintln!(
-            "skipping the openai client check: python3 cannot import openai (pip install openai)"
+        use weft_testkit::require::{skip_or_fail, REQUIRE_OPENAI};
+        skip_or_fail(
+            REQUIRE_OPENAI,
+            "python3 cannot import openai (pip install openai) for the openai client check",
         );
         return;
     }

@@ -6,14 +6,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use weft_kernels::cpu::{self, HostTensor};
 use weft_kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use weft_kernels::cuda::{self, CudaKernels, DeviceTensor, GroupMember};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, OpNode, Tensor};
+use weft_testkit::require::skip_or_fail;
 
 /// The environment variable that turns skips into failures (device runs).
-pub const REQUIRE_ENV: &str = "WEFT_TEST_REQUIRE_CUDA";
+pub const REQUIRE_ENV: &str = weft_testkit::require::REQUIRE_CUDA;
 
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -38,10 +38,7 @@ pub fn gpu() -> Option<&'static Gpu> {
     match g {
         Ok(g) => Some(g),
         Err(why) => {
-            if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
-                panic!("{REQUIRE_ENV}=1 but CUDA is unavailable: {why}");
-            }
-            eprintln!("skipping CUDA test: {why} (set {REQUIRE_ENV}=1 to make this a failure)");
+            skip_or_fail(REQUIRE_ENV, &format!("CUDA is unavailable: {why}"));
             None
         }
     }
@@ -71,58 +68,8 @@ impl Gpu {
     }
 }
 
-/// Deterministic random numbers (xorshift*), seeded per test; the seed is
-/// printed by failures through the test's own messages.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [-scale, scale), never exactly zero.
-    pub fn val(&mut self, scale: f32) -> f32 {
-        let v = (self.unit() * 2.0 - 1.0) * scale;
-        if v == 0.0 {
-            scale * 0.5
-        } else {
-            v
-        }
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.val(scale)).collect()
-    }
-    /// Activation-like values: a random scale per row (10^-2..10^1), a few
-    /// outliers, some tiny entries.
-    pub fn rows(&mut self, rows: usize, cols: usize) -> Vec<f32> {
-        let mut out = Vec::with_capacity(rows * cols);
-        for _ in 0..rows {
-            let scale = 10f32.powf(self.unit() * 3.0 - 2.0);
-            for _ in 0..cols {
-                let r = self.next() % 64;
-                let v = self.val(scale);
-                out.push(match r {
-                    0 => v * 20.0,
-                    1 => v * 1e-4,
-                    _ => v,
-                });
-            }
-        }
-        out
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+/// Deterministic random numbers, seeded per test (`Rng::new(seed)`).
+pub use weft_testkit::Rng;
 
 /// Device copies of the buffers a node touches.
 pub struct DevMem {
@@ -334,21 +281,7 @@ pub fn run_gpu(g: Option<&Gpu>, node: &OpNode, mem: &HostMemory) -> Vec<Vec<u8>>
 /// Runs `node` with the CPU kernels (split as for 3 threads, pieces in
 /// reverse order) and returns the bytes of every output.
 pub fn run_cpu(node: &OpNode, mem: &HostMemory) -> Vec<Vec<u8>> {
-    let mut out = mem.clone();
-    let resolve = |m: &mut HostMemory, t: &Tensor| HostTensor {
-        ptr: m
-            .bytes_mut(&Tensor { offset: 0, ..*t })
-            .as_mut_ptr()
-            .wrapping_add(t.offset as usize),
-        tensor: *t,
-    };
-    let ins: Vec<HostTensor> = node.inputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let outs: Vec<HostTensor> = node.outputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let split = cpu::work_split(node, 3);
-    for item in (0..split.items).rev() {
-        // SAFETY: single-threaded; the tensors live in `out`.
-        unsafe { cpu::run_item(node, &ins, &outs, &split, item) }.expect("cpu kernel");
-    }
+    let out = weft_testkit::host::run_cpu(node, mem, 3);
     node.outputs.iter().map(|t| out.bytes(t).to_vec()).collect()
 }
 
@@ -363,11 +296,7 @@ pub fn poison_outputs(node: &OpNode, mem: &mut HostMemory) {
     }
 }
 
-pub fn node(op: weft_ops::Op, inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> OpNode {
-    let n = OpNode::new(op, inputs, outputs);
-    n.validate().expect("valid node");
-    n
-}
+pub use weft_testkit::host::node;
 
 /// Bitwise comparison (f32 outputs as words, NaN equal to NaN); panics
 /// with the first differences.

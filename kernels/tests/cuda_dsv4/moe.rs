@@ -5,7 +5,6 @@
 //! they are held to 2 f32 ulp (see `WEIGHT_ULPS`).
 
 use super::cuda_common::*;
-use weft_kernels::cpu::{self, HostTensor};
 use weft_ops::dsv4::{MoeRouteParams, MoeSelect, MoeWeightsParams};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpError, OpNode, Tensor};
@@ -56,22 +55,7 @@ fn exact(g: Option<&Gpu>, what: &str, node: &OpNode, mem: &mut HostMemory) -> Ve
 
 /// The CPU kernel's result (in one piece), errors included.
 fn try_cpu(node: &OpNode, mem: &HostMemory) -> Result<(), OpError> {
-    let mut out = mem.clone();
-    let resolve = |m: &mut HostMemory, t: &Tensor| HostTensor {
-        ptr: m
-            .bytes_mut(&Tensor { offset: 0, ..*t })
-            .as_mut_ptr()
-            .wrapping_add(t.offset as usize),
-        tensor: *t,
-    };
-    let ins: Vec<HostTensor> = node.inputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let outs: Vec<HostTensor> = node.outputs.iter().map(|t| resolve(&mut out, t)).collect();
-    let split = cpu::work_split(node, 1);
-    for item in 0..split.items {
-        // SAFETY: single-threaded; the tensors live in `out`.
-        unsafe { cpu::run_item(node, &ins, &outs, &split, item) }?;
-    }
-    Ok(())
+    weft_testkit::host::try_run_cpu(node, mem, 1, weft_kernels::Numerics::Exact).map(drop)
 }
 
 /// A top-k routing node over `logits [n, experts]` and `bias [experts]`.

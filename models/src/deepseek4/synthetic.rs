@@ -14,6 +14,7 @@ use crate::gguf::{Array, GgufWriter, Value};
 use crate::ModelError;
 use std::io::Write;
 use std::path::Path;
+use weft_graph::synth::SplitMix64;
 use weft_ops::dsv4::YarnScaling;
 use weft_ops::DType;
 
@@ -360,25 +361,15 @@ pub fn write_sparse(path: &Path, c: &Dsv4Config, types: &TensorTypes) -> Result<
     Ok(prefix.total)
 }
 
-/// Deterministic numbers (SplitMix64) for random weights.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+/// Uniform in [-1, 1), for random weights.
+fn uniform(rng: &mut SplitMix64) -> f32 {
+    (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
 /// Random bytes for one tensor: values `scale * uniform` encoded in `dtype`
 /// (IQ2_XXS, which weft does not quantize, gets random blocks).
 fn random_tensor(
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     name: &str,
     dims: &[u64],
     dtype: DType,
@@ -397,7 +388,7 @@ fn random_tensor(
         DType::I32 => {
             // Distinct experts per row: consecutive ids from a random start.
             for row in out.chunks_exact_mut(4 * cols) {
-                let start = ((rng.uniform() + 1.0) * 1000.0) as usize;
+                let start = ((uniform(rng) + 1.0) * 1000.0) as usize;
                 for (j, v) in row.chunks_exact_mut(4).enumerate() {
                     v.copy_from_slice(&(((start + j) % experts.max(1)) as i32).to_le_bytes());
                 }
@@ -405,17 +396,17 @@ fn random_tensor(
         }
         DType::IQ2_XXS => {
             for block in out.chunks_exact_mut(66) {
-                let d = half::f16::from_f32(scale * 0.08 * (1.5 + rng.uniform()));
+                let d = half::f16::from_f32(scale * 0.08 * (1.5 + uniform(rng)));
                 block[..2].copy_from_slice(&d.to_le_bytes());
                 for b in &mut block[2..] {
-                    *b = ((rng.uniform() + 1.0) * 128.0) as u8;
+                    *b = ((uniform(rng) + 1.0) * 128.0) as u8;
                 }
             }
         }
         _ => {
             let mut values = vec![0f32; cols];
             for row in out.chunks_exact_mut(row_bytes) {
-                values.iter_mut().for_each(|v| *v = rng.uniform() * scale);
+                values.iter_mut().for_each(|v| *v = uniform(rng) * scale);
                 weft_ops::quant::quantize_row(dtype, &values, row)?;
             }
         }
@@ -442,7 +433,7 @@ fn value_scale(name: &str, fan_in: f32) -> (f32, f32) {
 /// Random bytes of one named tensor: [`random_tensor`] with the name's
 /// scale and offset.
 fn random_named(
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     name: &str,
     dims: &[u64],
     dtype: DType,
@@ -462,7 +453,7 @@ fn random_named(
 /// A small model with random weights of the given types, as GGUF bytes
 /// (norm weights near 1, sinks near 1.5; experts with 8 ids per hash row).
 pub fn random_gguf(c: &Dsv4Config, types: &TensorTypes, seed: u64) -> Result<Vec<u8>, ModelError> {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let specs = tensor_specs(c, types);
     let mut data = Vec::with_capacity(specs.len());
     for (name, dims, dtype) in &specs {
@@ -499,7 +490,7 @@ pub fn write_random_tiled(
         };
         format!("{base}:{dims:?}:{dtype}")
     };
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut data: HashMap<String, Vec<u8>> = HashMap::new();
     for (name, dims, dtype) in &specs {
         let k = key(name, dims, *dtype);

@@ -9,53 +9,7 @@
 use super::*;
 use crate::DType;
 
-/// xorshift64* — small, deterministic for a seed, good enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn new(salt: u64) -> (Rng, u64) {
-        let seed = std::env::var("WEFT_TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-            });
-        let seed = seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (Rng(seed | 1), seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo) as u64) as usize
-    }
-    /// A row of `n` values: uniform in ±scale around an offset, the scale
-    /// spanning 10^-3..10^2; never all zero.
-    fn row(&mut self, n: usize) -> Vec<f32> {
-        self.row_scaled(n, -3.0, 2.0)
-    }
-    /// As [`Rng::row`] with the scale in `10^lo..10^hi`.
-    fn row_scaled(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        let scale = 10f32.powf(lo + self.unit() * (hi - lo));
-        let offset = if self.next().is_multiple_of(2) {
-            0.0
-        } else {
-            (self.unit() - 0.5) * scale
-        };
-        (0..n)
-            .map(|_| offset + (self.unit() * 2.0 - 1.0) * scale)
-            .collect()
-    }
-}
+use weft_testkit::Rng;
 
 const WEIGHT_TYPES: [DType; 10] = [
     DType::Q4_0,
@@ -111,7 +65,8 @@ fn block32_bound(dtype: DType, x: &[f32]) -> f32 {
 
 #[test]
 fn block32_round_trip_stays_within_half_a_step() {
-    let (mut rng, seed) = Rng::new(1);
+    let mut rng = Rng::from_env(1);
+    let seed = rng.seed();
     for dtype in [
         DType::Q4_0,
         DType::Q4_1,
@@ -123,7 +78,7 @@ fn block32_round_trip_stays_within_half_a_step() {
     ] {
         for _ in 0..50 {
             let n = dtype.block_len() * rng.range(1, 9);
-            let x = rng.row(n);
+            let x = rng.spread_row(n, -3.0, 2.0);
             let y = dequantized(dtype, &quantized(dtype, &x), n);
             for (b, (xb, yb)) in x
                 .chunks(dtype.block_len())
@@ -156,7 +111,8 @@ fn kquant_rms_bound(dtype: DType) -> f64 {
 
 #[test]
 fn k_quant_round_trip_error_is_bounded() {
-    let (mut rng, seed) = Rng::new(2);
+    let mut rng = Rng::from_env(2);
+    let seed = rng.seed();
     for dtype in [
         DType::Q2_K,
         DType::Q3_K,
@@ -166,7 +122,7 @@ fn k_quant_round_trip_error_is_bounded() {
     ] {
         for _ in 0..20 {
             let n = QK_K * rng.range(1, 5);
-            let x = rng.row_scaled(n, -1.0, 2.0);
+            let x = rng.spread_row(n, -1.0, 2.0);
             let y = dequantized(dtype, &quantized(dtype, &x), n);
             for (xs, ys) in x.chunks(QK_K).zip(y.chunks(QK_K)) {
                 let err: f64 = xs
@@ -187,8 +143,9 @@ fn k_quant_round_trip_error_is_bounded() {
 
 #[test]
 fn float_round_trips_are_within_half_an_ulp() {
-    let (mut rng, seed) = Rng::new(3);
-    let x = rng.row(999);
+    let mut rng = Rng::from_env(3);
+    let seed = rng.seed();
+    let x = rng.spread_row(999, -3.0, 2.0);
     for (dtype, rel) in [
         (DType::F32, 0.0),
         (DType::F16, 1.0 / 2048.0),
@@ -254,7 +211,8 @@ fn q8_k_uses_the_signed_maximum_and_bsums() {
 
 #[test]
 fn q4_k_scales_pack_and_unpack() {
-    let (mut rng, seed) = Rng::new(4);
+    let mut rng = Rng::from_env(4);
+    let seed = rng.seed();
     for _ in 0..100 {
         let mut sc = [0u8; 8];
         let mut m = [0u8; 8];
@@ -394,7 +352,8 @@ fn ggml_q45_k(b: &[u8], qs: &[u8], high: Option<&[u8]>) -> Vec<f32> {
 
 #[test]
 fn k_quant_layouts_match_ggml_decoding_loops() {
-    let (mut rng, seed) = Rng::new(5);
+    let mut rng = Rng::from_env(5);
+    let seed = rng.seed();
     for _ in 0..20 {
         let b = random_block(&mut rng, 210, &[208]);
         assert_eq!(
@@ -438,7 +397,8 @@ fn k_quant_layouts_match_ggml_decoding_loops() {
 /// absolute 2^-25 in the subnormal range).
 #[test]
 fn reference_dots_match_dequantized_dots() {
-    let (mut rng, seed) = Rng::new(6);
+    let mut rng = Rng::from_env(6);
+    let seed = rng.seed();
     for wdtype in WEIGHT_TYPES
         .into_iter()
         .chain([DType::F32, DType::F16, DType::BF16])
@@ -447,8 +407,8 @@ fn reference_dots_match_dequantized_dots() {
         for _ in 0..30 {
             let n = wdtype.block_len().max(adtype.block_len()) * rng.range(1, 9);
             let (w, a) = (
-                quantized(wdtype, &rng.row(n)),
-                quantized(adtype, &rng.row(n)),
+                quantized(wdtype, &rng.spread_row(n, -3.0, 2.0)),
+                quantized(adtype, &rng.spread_row(n, -3.0, 2.0)),
             );
             let got = vec_dot_reference(wdtype, &w, adtype, &a).expect("dot");
             let (wf, af) = (dequantized(wdtype, &w, n), dequantized(adtype, &a, n));

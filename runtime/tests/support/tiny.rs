@@ -14,6 +14,7 @@ use weft_runtime::cache::{
     LayerCache, LayerSpec, PrefillOutcome,
 };
 use weft_runtime::{GraphExecutor, GraphSession, PoolScope, RuntimeError};
+use weft_testkit::Rng;
 
 /// How a step's transient tensors are scoped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,20 +97,6 @@ pub struct Tiny {
     output: Tensor,
 }
 
-/// xorshift64*: reproducible weights without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    /// Uniform in [-1, 1).
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-        x as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 fn upload(
     exec: &mut GraphExecutor,
     values: &[f32],
@@ -137,16 +124,18 @@ fn upload(
 impl Tiny {
     /// Builds the model with weights drawn from `config.seed`.
     pub fn new(exec: &mut GraphExecutor, config: TinyConfig) -> Result<Tiny, RuntimeError> {
-        let mut rng = Rng(config.seed.max(1));
+        let mut rng = Rng::from_state(config.seed);
         let c = &config;
         let mut matrix = |exec: &mut GraphExecutor, rows: usize, cols: usize, name: &str| {
             let gain = 1.5 / (cols as f32).sqrt();
-            let v: Vec<f32> = (0..rows * cols).map(|_| rng.next() * gain).collect();
+            let v: Vec<f32> = (0..rows * cols).map(|_| rng.val(1.0) * gain).collect();
             upload(exec, &v, &[rows, cols], c.weights, name)
         };
-        let mut norm_rng = Rng(config.seed.wrapping_mul(31).max(1));
+        let mut norm_rng = Rng::from_state(config.seed.wrapping_mul(31));
         let mut norm = |exec: &mut GraphExecutor, name: &str| {
-            let v: Vec<f32> = (0..c.hidden).map(|_| 1.0 + 0.2 * norm_rng.next()).collect();
+            let v: Vec<f32> = (0..c.hidden)
+                .map(|_| 1.0 + 0.2 * norm_rng.val(1.0))
+                .collect();
             upload(exec, &v, &[c.hidden], DType::F32, name)
         };
         let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_width());
@@ -166,7 +155,7 @@ impl Tiny {
         }
         let out_norm = norm(exec, "output_norm")?;
         let output = matrix(exec, c.vocab, c.hidden, "output")?;
-        let embd_values: Vec<f32> = (0..c.vocab * c.hidden).map(|_| rng.next()).collect();
+        let embd_values: Vec<f32> = (0..c.vocab * c.hidden).map(|_| rng.val(1.0)).collect();
         let embd = upload(
             exec,
             &embd_values,

@@ -1,12 +1,18 @@
-//! Where the end-to-end tests find their reference files: the folder named
-//! by `$WEFT_TEST_REFERENCE_DIR`, else the repository's own `tests/reference`.
-//! Nothing outside the repository is searched, and a missing file fails the
-//! test with its path.
+//! Where the tests find their reference files (llama.cpp's outputs, the
+//! DeepSeek-V4 fixtures): the folder named by `$WEFT_TEST_REFERENCE_DIR`, else
+//! the repository's own `tests/reference`. Nothing outside the repository
+//! is searched, and a missing file fails the test with its path.
 
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming another folder of reference files.
 pub const REFERENCE_ENV: &str = "WEFT_TEST_REFERENCE_DIR";
+
+/// The repository's root folder (the workspace this crate belongs to).
+pub fn repo_root() -> PathBuf {
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    kit.parent().unwrap_or(kit).to_path_buf()
+}
 
 /// `$WEFT_TEST_REFERENCE_DIR`, else `tests/reference` of this repository.
 pub fn reference_dir() -> PathBuf {
@@ -15,7 +21,7 @@ pub fn reference_dir() -> PathBuf {
             panic!("{REFERENCE_ENV} is set but empty; unset it to use tests/reference")
         }
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference"),
+        None => repo_root().join("tests/reference"),
     }
 }
 
@@ -39,4 +45,9 @@ pub fn read_reference_json(path: &Path) -> serde_json::Value {
     let bytes = read_reference(path);
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("reference file {} is not valid JSON: {e}", path.display()))
+}
+
+/// Reference file `name` (under [`reference_dir`]) as JSON.
+pub fn reference_json(name: &str) -> serde_json::Value {
+    read_reference_json(&reference_dir().join(name))
 }

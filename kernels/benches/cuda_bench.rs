@@ -1,5 +1,9 @@
-//! Per-kernel timings on the GPU at SmolLM2-135M shapes (ignored by
-//! default; the device script runs them with `--ignored`).
+//! Per-kernel timings on the GPU at SmolLM2-135M shapes: a benchmark, not
+//! a test (it asserts nothing). Built with `cargo bench -p weft-kernels
+//! --features cuda --no-run` (or `scripts/cuda/build-kernel-tests.sh`) and
+//! run on the device by `scripts/cuda/run-kernel-tests.sh`; without a GPU
+//! it says why and exits, `WEFT_TEST_CUDA_DRY_RUN=1` builds the cases only.
+//! `WEFT_TEST_BENCH_FILTER=A,B` keeps the cases whose names contain A or B.
 //!
 //! Each kernel is captured `REPS` times into one CUDA graph as a serial
 //! chain (as a decode step's dependent nodes are) and the graph is replayed;
@@ -8,8 +12,7 @@
 //! weights do. Eager launch times (stream launches, no graph) are printed
 //! beside them.
 
-#![cfg(feature = "cuda")]
-
+#[path = "../tests/cuda_common/mod.rs"]
 mod cuda_common;
 
 use cuda_common::*;
@@ -17,9 +20,9 @@ use std::sync::Arc;
 use weft_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use weft_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use weft_kernels::cuda::DeviceTensor;
-use weft_ops::quant::quantize_row;
 use weft_ops::reference::HostMemory;
 use weft_ops::{AttentionParams, DType, Op, OpNode, RopeMode, RopeParams, Tensor};
+use weft_testkit::host::quantized;
 
 const REPS: usize = 200;
 /// Bytes of weights to rotate over (several times the H200's 60 MB L2).
@@ -32,12 +35,6 @@ struct Case {
     mem: HostMemory,
     /// Bytes a launch must move at least (for the bandwidth column).
     bytes: usize,
-}
-
-fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
-    let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
-    quantize_row(dtype, x, &mut q).unwrap();
-    q
 }
 
 fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Case {
@@ -257,9 +254,7 @@ fn time_case(g: &Gpu, case: &Case) -> (f64, f64) {
     (best, eager)
 }
 
-#[test]
-#[ignore]
-fn kernel_timings_at_smollm2_shapes() {
+fn main() {
     let Some(g) = gpu_or_dry() else { return };
     let mut rng = Rng::new(99);
     let mut cases = vec![

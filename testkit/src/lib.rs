@@ -1,0 +1,18 @@
+//! What weft's tests share, in one place so that no test carries its own
+//! copy: a deterministic random generator ([`Rng`]), host tensors and the
+//! CPU kernels and reference semantics run on them ([`host`]), the op case
+//! lists every backend harness runs ([`cases`]), the
+//! reference-file lookup ([`reference`]), the helpers that skip a test
+//! whose model or device is missing, or fail it where the run requires them
+//! ([`require`]), and checked-in schedule snapshots ([`snapshot`]).
+//!
+//! A development dependency only: nothing here ships in `weft`.
+
+pub mod cases;
+pub mod host;
+pub mod reference;
+pub mod require;
+mod rng;
+pub mod snapshot;
+
+pub use rng::Rng;
