@@ -10,17 +10,6 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const PROMPTS: [&str; 8] = [
-    "The capital of France is",
-    "Once upon a time",
-    "The three primary colors are",
-    "def fibonacci(n):",
-    "My favourite food is",
-    "Water boils at",
-    "The quick brown fox",
-    "In 1969, astronauts",
-];
-
 #[test]
 fn serve_openai_endpoints_streaming_and_concurrency() {
     let Some(model) = model_path() else { return };

@@ -9,16 +9,6 @@ mod serve_common;
 use serve_common::*;
 use std::time::{Duration, Instant};
 
-const BASES: [&str; 8] = [
-    "The capital of France is",
-    "Once upon a time",
-    "The three primary colors are",
-    "def fibonacci(n):",
-    "My favourite food is",
-    "Water boils at",
-    "The quick brown fox",
-    "In 1969, astronauts",
-];
 const SUFFIXES: [&str; 8] = ["", " and", " the", " a", " in", " so", " my", " of"];
 const CLIENTS: usize = 64;
 const TOKENS: usize = 12;
@@ -30,7 +20,7 @@ fn sixty_four_streaming_clients_get_their_solo_tokens() {
         &model,
         &["--parallel", "16", "--queue", "128", "--ctx", "256"],
     );
-    let prompts: Vec<String> = BASES
+    let prompts: Vec<String> = PROMPTS
         .iter()
         .flat_map(|b| SUFFIXES.iter().map(move |s| format!("{b}{s}")))
         .collect();

@@ -150,20 +150,29 @@ fn worst_rel(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// Runs `nd` with the fast kernels `launches` times over one scratch
-/// buffer, the step scalars `step`; every launch's output bytes.
+/// buffer, the step scalars `step`; per launch, the bytes of every output.
+/// Inputs no output shares a buffer with are marked constant, as the
+/// runtime marks weights.
 fn run_fast(
     g: &Gpu,
     nd: &OpNode,
     mem: &HostMemory,
     step: Vec<u32>,
     launches: usize,
-) -> Vec<Vec<u8>> {
+) -> Vec<Vec<Vec<u8>>> {
     let stream = g.stream();
     g.kernels.supports(nd).expect("supports");
     g.kernels.prepare(nd, &stream).expect("prepare");
     let all: Vec<Tensor> = nd.inputs.iter().chain(&nd.outputs).copied().collect();
     let dev = DevMem::upload(&stream, mem, &all);
-    let ins: Vec<DeviceTensor> = nd.inputs.iter().map(|t| dev.tensor(&stream, t)).collect();
+    let ins: Vec<DeviceTensor> = nd
+        .inputs
+        .iter()
+        .map(|t| DeviceTensor {
+            constant: nd.outputs.iter().all(|o| o.buffer != t.buffer),
+            ..dev.tensor(&stream, t)
+        })
+        .collect();
     let outs: Vec<DeviceTensor> = nd.outputs.iter().map(|t| dev.tensor(&stream, t)).collect();
     let scratch = device_u8(&stream, g.kernels.scratch_bytes(nd));
     let step_buf = stream.clone_htod(&step).expect("step");
@@ -184,7 +193,7 @@ fn run_fast(
                 .expect("launch");
         }
         stream.synchronize().expect("kernel execution");
-        results.push(dev.read(&stream, &nd.outputs[0]));
+        results.push(nd.outputs.iter().map(|t| dev.read(&stream, t)).collect());
     }
     results
 }
@@ -238,7 +247,10 @@ fn split_attention_matches_the_reference() {
                 let want = reference_out(&nd, &mem, extent);
                 poison_outputs(&nd, &mut mem);
                 let step = vec![qp, extent as u32];
-                let got = run_fast(g, &nd, &mem, step.clone(), 2);
+                let got: Vec<Vec<u8>> = run_fast(g, &nd, &mem, step.clone(), 2)
+                    .into_iter()
+                    .map(|mut outs| outs.remove(0))
+                    .collect();
                 let what = format!(
                     "{kv} h{heads}/{kvh} d{d} n={n} pos={qp} window={window:?} ring={ring:?} \
                      softcap={softcap} view={capacity}"
@@ -256,7 +268,7 @@ fn split_attention_matches_the_reference() {
                     let out = mem.zeros(act, &[n, heads * d]).unwrap();
                     let qn = node(Op::AttentionQuantize(p), nd.inputs.clone(), vec![out]);
                     poison_outputs(&qn, &mut mem);
-                    let q = run_fast(g, &qn, &mem, step.clone(), 1);
+                    let q = run_fast(g, &qn, &mem, step.clone(), 1).remove(0);
                     let mut expect = Vec::new();
                     for row in values.chunks(heads * d) {
                         expect.extend(quantized(act, row));
@@ -363,7 +375,7 @@ fn fused_qkv_split_attention_matches_the_chain() {
                 poison_outputs(&fused, &mut mem);
                 // [q_position, the step's extent, the key's and value's row].
                 let step = vec![qp, extent as u32, qp, qp];
-                let got = run_fast_all(g, &fused, &mem, step);
+                let got = run_fast(g, &fused, &mem, step, 1).remove(0);
                 let what = format!("qkv+attention {wdtype} -> {act} pos={qp}");
                 // Cache rows written: the chain's bits.
                 for (i, c) in [kc, vc].into_iter().enumerate() {
@@ -394,39 +406,4 @@ fn fused_qkv_split_attention_matches_the_chain() {
         "fused split attention:\n{}",
         failures.join("\n")
     );
-}
-
-/// Runs `nd` once with the fast kernels; the bytes of every output.
-fn run_fast_all(g: &Gpu, nd: &OpNode, mem: &HostMemory, step: Vec<u32>) -> Vec<Vec<u8>> {
-    let stream = g.stream();
-    g.kernels.supports(nd).expect("supports");
-    g.kernels.prepare(nd, &stream).expect("prepare");
-    let all: Vec<Tensor> = nd.inputs.iter().chain(&nd.outputs).copied().collect();
-    let dev = DevMem::upload(&stream, mem, &all);
-    let ins: Vec<DeviceTensor> = nd
-        .inputs
-        .iter()
-        .map(|t| DeviceTensor {
-            constant: nd.outputs.iter().all(|o| o.buffer != t.buffer),
-            ..dev.tensor(&stream, t)
-        })
-        .collect();
-    let outs: Vec<DeviceTensor> = nd.outputs.iter().map(|t| dev.tensor(&stream, t)).collect();
-    let scratch = device_u8(&stream, g.kernels.scratch_bytes(nd));
-    let step_buf = stream.clone_htod(&step).expect("step");
-    // SAFETY: as in run_fast.
-    unsafe {
-        g.kernels
-            .launch(
-                &stream,
-                nd,
-                &ins,
-                &outs,
-                ptr_of(&stream, &scratch),
-                ptr_of(&stream, &step_buf),
-            )
-            .expect("launch");
-    }
-    stream.synchronize().expect("kernel execution");
-    nd.outputs.iter().map(|t| dev.read(&stream, t)).collect()
 }

@@ -9,6 +9,18 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Short prompts the tests send, one per client.
+pub const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time",
+    "The three primary colors are",
+    "def fibonacci(n):",
+    "My favourite food is",
+    "Water boils at",
+    "The quick brown fox",
+    "In 1969, astronauts",
+];
+
 /// A running server, killed when dropped.
 pub struct Server {
     pub child: Child,
