@@ -21,11 +21,13 @@ pub use dtype::DType;
 pub use error::OpError;
 pub use tensor::{Shape, Tensor};
 pub mod builder;
+mod family;
 pub mod op;
 pub mod reference;
 mod rules;
 
 pub use builder::{Builder, Recorder};
+pub use family::OpFamily;
 pub use op::{
     AttentionParams, Op, OpNode, ProjAttentionParams, ProjWrite, RopeMode, RopeParams, RowsWrite,
 };

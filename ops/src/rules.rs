@@ -279,18 +279,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
                 validate(&part)?;
             }
         }
-        Op::TailRope(_)
-        | Op::HcMix(_)
-        | Op::HcCollapse { .. }
-        | Op::HcExpand { .. }
-        | Op::Compress(_)
-        | Op::IndexerTopK(_)
-        | Op::SinkAttention(_)
-        | Op::MatMulId
-        | Op::MoeRoute(_)
-        | Op::MoeWeights(_)
-        | Op::SwigluClamp { .. }
-        | Op::MoeCombine => dsv4::validate(node)?,
+        crate::family_ops!() => dsv4::validate(node)?,
         Op::Write { data } => {
             arity(0, 1)?;
             if data.len() as u64 != outs[0].bytes() {

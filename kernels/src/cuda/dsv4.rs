@@ -1,4 +1,4 @@
-//! Dispatch of the DeepSeek-V4 ops on CUDA. Their kernels live beside the
+//! Dispatch of the family-module ops ([`weft_ops::OpFamily`]) on CUDA. Their kernels live beside the
 //! other families, one file pair per family with the CPU's names:
 //! `tail_rope` (partial interleaved RoPE), `hyper` (hyper-connection mix,
 //! collapse, expand), `compress` (KV compressor and indexer top-k),
@@ -13,7 +13,7 @@
 use super::{compress, hyper, matmul_id, moe, sink_attention, tail_rope};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::{Op, OpError, OpNode};
+use weft_ops::{Op, OpError, OpFamily as Family, OpNode};
 
 /// The kernels of every DeepSeek-V4 family.
 pub(super) fn kernels() -> Vec<&'static str> {
@@ -28,32 +28,12 @@ pub(super) fn kernels() -> Vec<&'static str> {
     .concat()
 }
 
-/// The family of a DeepSeek-V4 op, or `None` for the other ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Family {
-    TailRope,
-    Hyper,
-    Compress,
-    SinkAttention,
-    Moe,
-    MatMulId,
-}
-
+/// The family of an op of a family module ([`Op::family`]).
 fn family(op: &Op) -> Option<Family> {
-    Some(match op {
-        Op::TailRope(_) => Family::TailRope,
-        Op::HcMix(_) | Op::HcCollapse { .. } | Op::HcExpand { .. } => Family::Hyper,
-        Op::Compress(_) | Op::IndexerTopK(_) => Family::Compress,
-        Op::SinkAttention(_) => Family::SinkAttention,
-        Op::MoeRoute(_) | Op::MoeWeights(_) | Op::SwigluClamp { .. } | Op::MoeCombine => {
-            Family::Moe
-        }
-        Op::MatMulId => Family::MatMulId,
-        _ => return None,
-    })
+    op.family()
 }
 
-/// Whether `op` is a DeepSeek-V4 op (dispatched here).
+/// Whether `op` belongs to a family module (dispatched here).
 pub(super) fn owns(op: &Op) -> bool {
     family(op).is_some()
 }
@@ -62,11 +42,11 @@ pub(super) fn owns(op: &Op) -> bool {
 pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     match family(&node.op) {
         Some(Family::TailRope) => tail_rope::supports(node),
-        Some(Family::Hyper) => hyper::supports(node),
-        Some(Family::Compress) => compress::supports(node),
+        Some(Family::HyperConnection) => hyper::supports(node),
+        Some(Family::Compression) => compress::supports(node),
         Some(Family::SinkAttention) => sink_attention::supports(node),
-        Some(Family::Moe) => moe::supports(node),
-        Some(Family::MatMulId) => matmul_id::supports(node),
+        Some(Family::Routing) => moe::supports(node),
+        Some(Family::ExpertMatMul) => matmul_id::supports(node),
         None => Err(super::launch::unsupported(
             node.op.name(),
             "the DeepSeek-V4 dispatch".into(),
@@ -77,7 +57,7 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
 /// Bytes of device scratch one launch needs.
 pub(super) fn scratch_bytes(node: &OpNode) -> usize {
     match family(&node.op) {
-        Some(Family::Compress) => compress::scratch_bytes(node),
+        Some(Family::Compression) => compress::scratch_bytes(node),
         Some(Family::SinkAttention) => sink_attention::scratch_bytes(node),
         _ => 0,
     }
@@ -87,7 +67,7 @@ pub(super) fn scratch_bytes(node: &OpNode) -> usize {
 /// [`CudaKernels::step_scalars`]).
 pub(super) fn step_scalars(node: &OpNode) -> Vec<u32> {
     match family(&node.op) {
-        Some(Family::Compress) => compress::step_scalars(node),
+        Some(Family::Compression) => compress::step_scalars(node),
         Some(Family::SinkAttention) => sink_attention::step_scalars(node),
         _ => Vec::new(),
     }
@@ -124,11 +104,11 @@ pub(super) unsafe fn launch(
 ) -> Result<(), OpError> {
     match family(&node.op) {
         Some(Family::TailRope) => tail_rope::launch(k, s, node, ins, outs),
-        Some(Family::Hyper) => hyper::launch(k, s, node, ins, outs),
-        Some(Family::Compress) => compress::launch(k, s, node, ins, outs, scratch, step),
+        Some(Family::HyperConnection) => hyper::launch(k, s, node, ins, outs),
+        Some(Family::Compression) => compress::launch(k, s, node, ins, outs, scratch, step),
         Some(Family::SinkAttention) => sink_attention::launch(k, s, node, ins, outs, scratch, step),
-        Some(Family::Moe) => moe::launch(k, s, node, ins, outs),
-        Some(Family::MatMulId) => matmul_id::launch(k, s, node, ins, outs),
+        Some(Family::Routing) => moe::launch(k, s, node, ins, outs),
+        Some(Family::ExpertMatMul) => matmul_id::launch(k, s, node, ins, outs),
         None => Err(super::launch::unsupported(
             node.op.name(),
             "the DeepSeek-V4 dispatch".into(),

@@ -184,18 +184,7 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Argmax => elementwise::argmax(mem, &ins[0])?,
         Op::Copy => from_f32(&mem.to_f32(&ins[0])?, out.dtype)?,
         Op::Write { data } => data.to_vec(),
-        Op::TailRope(_)
-        | Op::HcMix(_)
-        | Op::HcCollapse { .. }
-        | Op::HcExpand { .. }
-        | Op::Compress(_)
-        | Op::IndexerTopK(_)
-        | Op::SinkAttention(_)
-        | Op::MatMulId
-        | Op::MoeRoute(_)
-        | Op::MoeWeights(_)
-        | Op::SwigluClamp { .. }
-        | Op::MoeCombine => dsv4::run(node, mem)?,
+        crate::family_ops!() => dsv4::run(node, mem)?,
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
