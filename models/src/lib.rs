@@ -3,6 +3,7 @@
 //!
 //! Invariant: model code records nodes; it never calls a kernel.
 
+mod architecture;
 mod batch;
 pub mod chat;
 pub mod decode;

@@ -20,10 +20,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::sync::OnceLock;
-use weft_ops::DType;
 use weft_ops::Tensor;
 use weft_runtime::cache::CacheSpan;
-use weft_runtime::cache::{run_step, CacheConfig, ChunkPolicy, KvCache, LayerSpec};
+use weft_runtime::cache::{run_step, CacheConfig, ChunkPolicy, KvCache};
 use weft_runtime::{GraphExecutor, GraphSession};
 
 /// Called after each prefill chunk with the positions it covered.
@@ -152,39 +151,23 @@ impl Model {
         if !self.check_finite() {
             return Ok(None);
         }
-        let width = match &self.family {
-            Family::Llama(m) => m.config.hidden,
-            Family::Gemma3(m) => m.config.hidden,
-            Family::DeepSeek4(m) => m.config.hc * m.config.hidden,
-        };
+        let width = self.family.arch().residual_width();
         LayerProbe::new(exec, &self.ones, tag, self.layers(), rows, width).map(Some)
     }
 
     /// Context length the model was trained for.
     pub fn trained_context(&self) -> u32 {
-        match &self.family {
-            Family::Llama(m) => m.config.context,
-            Family::Gemma3(m) => m.config.context,
-            Family::DeepSeek4(m) => m.config.context,
-        }
+        self.family.arch().trained_context()
     }
 
     /// Vocabulary size of the output layer.
     pub fn vocab(&self) -> usize {
-        match &self.family {
-            Family::Llama(m) => m.output.rows(),
-            Family::Gemma3(m) => m.output.rows(),
-            Family::DeepSeek4(m) => m.config.vocab,
-        }
+        self.family.arch().vocab()
     }
 
     /// Transformer layers.
     pub fn layers(&self) -> usize {
-        match &self.family {
-            Family::Llama(m) => m.config.layers,
-            Family::Gemma3(m) => m.config.layers,
-            Family::DeepSeek4(m) => m.config.layers,
-        }
+        self.family.arch().layers()
     }
 
     /// Bytes of weights.
@@ -194,38 +177,12 @@ impl Model {
 
     /// The chunking policy hf2q uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
-        let window = match &self.family {
-            Family::Llama(m) => m.config.window,
-            Family::Gemma3(m) => m.config.window,
-            Family::DeepSeek4(m) => Some(m.config.window),
-        };
-        ChunkPolicy::for_model(window, self.weight_bytes())
+        ChunkPolicy::for_model(self.family.arch().chunk_window(), self.weight_bytes())
     }
 
     /// The cache layout for `context` tokens.
     pub fn cache_config(&self, context: u32, max_chunk: u32) -> CacheConfig {
-        let layers = match &self.family {
-            Family::Llama(m) => vec![
-                LayerSpec {
-                    width: m.config.kv_width(),
-                    window: m.config.window,
-                };
-                m.config.layers
-            ],
-            Family::Gemma3(m) => (0..m.config.layers)
-                .map(|l| LayerSpec {
-                    width: m.config.kv_width(),
-                    window: m.config.layer_window(l),
-                })
-                .collect(),
-            Family::DeepSeek4(m) => return m.cache_layout(context, max_chunk).kv,
-        };
-        CacheConfig {
-            layers,
-            context,
-            max_chunk: max_chunk.min(context).max(1),
-            dtype: DType::F16,
-        }
+        self.family.arch().cache_config(context, max_chunk)
     }
 
     /// A fresh cache for `context` tokens, taking steps of up to `max_chunk`.
@@ -296,19 +253,9 @@ impl Model {
         rows: LogitRows,
         probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
-        match &self.family {
-            Family::Llama(m) => {
-                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
-                m.record_probed(s, cache, span, ids, rows, probe)
-            }
-            Family::Gemma3(m) => {
-                let ids = crate::step::upload_ids(s, tokens, span, m.token_embd.rows())?;
-                m.record_probed(s, cache, span, ids, rows, probe)
-            }
-            Family::DeepSeek4(m) => {
-                m.record_step_probed(s, &[cache], span.start, tokens, rows, probe)
-            }
-        }
+        self.family
+            .arch()
+            .record_tokens(s, cache, span, tokens, rows, probe)
     }
 
     /// [`Model::record`] over token ids already on the device (`ids`: i32,
@@ -335,19 +282,9 @@ impl Model {
         rows: LogitRows,
         probe: Option<&LayerProbe>,
     ) -> Result<Tensor, ModelError> {
-        match &self.family {
-            Family::Llama(m) => m.record_probed(session, cache, span, ids, rows, probe),
-            Family::Gemma3(m) => m.record_probed(session, cache, span, ids, rows, probe),
-            Family::DeepSeek4(m) => {
-                if span.tokens != 1 {
-                    return Err(ModelError::Unsupported(format!(
-                        "deepseek4 takes device-fed token ids one per step, not {}",
-                        span.tokens
-                    )));
-                }
-                m.record_ids_probed(session, cache, span.start, ids, rows, probe)
-            }
-        }
+        self.family
+            .arch()
+            .record_ids(session, cache, span, ids, rows, probe)
     }
 
     /// Whether steps can take their token ids from the device
@@ -358,11 +295,7 @@ impl Model {
 
     /// Rows of the token embedding (ids at or past it cannot be embedded).
     pub fn embedding_rows(&self) -> usize {
-        match &self.family {
-            Family::Llama(m) => m.token_embd.rows(),
-            Family::Gemma3(m) => m.token_embd.rows(),
-            Family::DeepSeek4(m) => m.config.vocab,
-        }
+        self.family.arch().embedding_rows()
     }
 
     /// Prefills `tokens` in chunks (`policy`), each its own transaction, and
