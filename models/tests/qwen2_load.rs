@@ -158,9 +158,9 @@ fn refuses_a_bias_of_the_wrong_width() {
 fn an_architecture_weft_does_not_run_is_refused_by_name() {
     let dir = std::env::temp_dir().join(format!("weft-qwen2-load-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("qwen3.gguf");
+    let path = dir.join("qwen2moe.gguf");
     let mut w = GgufWriter::new();
-    w.set("general.architecture", "qwen3").unwrap();
+    w.set("general.architecture", "qwen2moe").unwrap();
     w.add_tensor("output_norm.weight", &[4], DType::F32, f32s(4))
         .unwrap();
     w.write_file(&path).unwrap();
@@ -170,5 +170,5 @@ fn an_architecture_weft_does_not_run_is_refused_by_name() {
         .expect("refused")
         .to_string();
     std::fs::remove_dir_all(&dir).ok();
-    assert!(e.contains("qwen3") && e.contains("qwen2"), "{e}");
+    assert!(e.contains("qwen2moe") && e.contains("qwen3"), "{e}");
 }
