@@ -73,109 +73,79 @@ fn f16_cache(layers: Vec<LayerSpec>, context: u32, max_chunk: u32) -> CacheConfi
     }
 }
 
-impl Architecture for Llama {
-    fn residual_width(&self) -> usize {
-        self.config.hidden
-    }
-    fn trained_context(&self) -> u32 {
-        self.config.context
-    }
-    fn vocab(&self) -> usize {
-        self.output.rows()
-    }
-    fn embedding_rows(&self) -> usize {
-        self.token_embd.rows()
-    }
-    fn layers(&self) -> usize {
-        self.config.layers
-    }
-    fn chunk_window(&self) -> Option<u32> {
-        self.config.window
-    }
-    fn cache_config(&self, context: u32, max_chunk: u32) -> CacheConfig {
-        let spec = LayerSpec {
-            width: self.config.kv_width(),
-            window: self.config.window,
-        };
-        f16_cache(vec![spec; self.config.layers], context, max_chunk)
-    }
-    fn record_tokens(
-        &self,
-        s: &mut GraphSession<'_>,
-        cache: &KvCache,
-        span: &CacheSpan,
-        tokens: &[u32],
-        rows: LogitRows,
-        probe: Option<&LayerProbe>,
-    ) -> Result<Tensor, ModelError> {
-        let ids = crate::step::upload_ids(s, tokens, span, self.token_embd.rows())?;
-        self.record_probed(s, cache, span, ids, rows, probe)
-    }
-    fn record_ids(
-        &self,
-        s: &mut GraphSession<'_>,
-        cache: &KvCache,
-        span: &CacheSpan,
-        ids: Tensor,
-        rows: LogitRows,
-        probe: Option<&LayerProbe>,
-    ) -> Result<Tensor, ModelError> {
-        self.record_probed(s, cache, span, ids, rows, probe)
-    }
+/// The answers the one-cache families (Llama, Gemma 3) share: their
+/// configs have the same fields and their forward passes the same entry;
+/// only the cache layout (`$cache`) differs.
+macro_rules! dense_architecture {
+    ($family:ty, $cache:expr) => {
+        impl Architecture for $family {
+            fn residual_width(&self) -> usize {
+                self.config.hidden
+            }
+            fn trained_context(&self) -> u32 {
+                self.config.context
+            }
+            fn vocab(&self) -> usize {
+                self.output.rows()
+            }
+            fn embedding_rows(&self) -> usize {
+                self.token_embd.rows()
+            }
+            fn layers(&self) -> usize {
+                self.config.layers
+            }
+            fn chunk_window(&self) -> Option<u32> {
+                self.config.window
+            }
+            fn cache_config(&self, context: u32, max_chunk: u32) -> CacheConfig {
+                let layers: fn(&Self) -> Vec<LayerSpec> = $cache;
+                f16_cache(layers(self), context, max_chunk)
+            }
+            fn record_tokens(
+                &self,
+                s: &mut GraphSession<'_>,
+                cache: &KvCache,
+                span: &CacheSpan,
+                tokens: &[u32],
+                rows: LogitRows,
+                probe: Option<&LayerProbe>,
+            ) -> Result<Tensor, ModelError> {
+                let ids = crate::step::upload_ids(s, tokens, span, self.token_embd.rows())?;
+                self.record_probed(s, cache, span, ids, rows, probe)
+            }
+            fn record_ids(
+                &self,
+                s: &mut GraphSession<'_>,
+                cache: &KvCache,
+                span: &CacheSpan,
+                ids: Tensor,
+                rows: LogitRows,
+                probe: Option<&LayerProbe>,
+            ) -> Result<Tensor, ModelError> {
+                self.record_probed(s, cache, span, ids, rows, probe)
+            }
+        }
+    };
 }
 
-impl Architecture for Gemma3 {
-    fn residual_width(&self) -> usize {
-        self.config.hidden
-    }
-    fn trained_context(&self) -> u32 {
-        self.config.context
-    }
-    fn vocab(&self) -> usize {
-        self.output.rows()
-    }
-    fn embedding_rows(&self) -> usize {
-        self.token_embd.rows()
-    }
-    fn layers(&self) -> usize {
-        self.config.layers
-    }
-    fn chunk_window(&self) -> Option<u32> {
-        self.config.window
-    }
-    fn cache_config(&self, context: u32, max_chunk: u32) -> CacheConfig {
-        let layers = (0..self.config.layers)
-            .map(|l| LayerSpec {
-                width: self.config.kv_width(),
-                window: self.config.layer_window(l),
-            })
-            .collect();
-        f16_cache(layers, context, max_chunk)
-    }
-    fn record_tokens(
-        &self,
-        s: &mut GraphSession<'_>,
-        cache: &KvCache,
-        span: &CacheSpan,
-        tokens: &[u32],
-        rows: LogitRows,
-        probe: Option<&LayerProbe>,
-    ) -> Result<Tensor, ModelError> {
-        let ids = crate::step::upload_ids(s, tokens, span, self.token_embd.rows())?;
-        self.record_probed(s, cache, span, ids, rows, probe)
-    }
-    fn record_ids(
-        &self,
-        s: &mut GraphSession<'_>,
-        cache: &KvCache,
-        span: &CacheSpan,
-        ids: Tensor,
-        rows: LogitRows,
-        probe: Option<&LayerProbe>,
-    ) -> Result<Tensor, ModelError> {
-        self.record_probed(s, cache, span, ids, rows, probe)
-    }
-}
+// Every layer alike.
+dense_architecture!(Llama, |m| {
+    let spec = LayerSpec {
+        width: m.config.kv_width(),
+        window: m.config.window,
+    };
+    vec![spec; m.config.layers]
+});
+
+// Sliding-window and global layers.
+dense_architecture!(Gemma3, |m| {
+    (0..m.config.layers)
+        .map(|l| LayerSpec {
+            width: m.config.kv_width(),
+            window: m.config.layer_window(l),
+        })
+        .collect()
+});
 
 impl Architecture for DeepSeek4 {
     fn residual_width(&self) -> usize {

@@ -4,7 +4,7 @@
 /// Name of the variable that replays a randomised test's seed.
 pub const SEED_ENV: &str = "WEFT_TEST_SEED";
 
-/// A xorshift64* generator and the seed it was made from.
+/// A xorshift64* generator, with its seed.
 #[derive(Clone, Debug)]
 pub struct Rng {
     state: u64,
@@ -50,7 +50,7 @@ impl Rng {
         }
     }
 
-    /// The seed this generator was made from.
+    /// This generator's seed (what `WEFT_TEST_SEED` replays).
     pub fn seed(&self) -> u64 {
         self.seed
     }
