@@ -58,6 +58,11 @@ pub struct SamplingFields {
     pub seed: Option<i64>,
     pub stop: Option<Value>,
     pub n: Option<u64>,
+    /// Never end at an end-of-generation token (vLLM's and llama-server's
+    /// extension): generation runs to `max_tokens`, a stop string or the
+    /// context's end.
+    #[serde(default)]
+    pub ignore_eos: bool,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,

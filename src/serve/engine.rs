@@ -608,7 +608,18 @@ impl<'m> Engine<'m> {
         let model = self.model;
         let metrics = &self.shared.metrics;
         let lane = &mut self.lanes[i];
-        let tok = lane.sampler.sample(&lane.logits, &lane.tokens);
+        let tok = if lane.job.params.ignore_eos {
+            // A copy: the lane's logits may be kept for prefix reuse.
+            let mut masked = lane.logits.clone();
+            for &t in model.tokenizer.eog_tokens() {
+                if let Some(l) = masked.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            lane.sampler.sample(&masked, &lane.tokens)
+        } else {
+            lane.sampler.sample(&lane.logits, &lane.tokens)
+        };
         if model.tokenizer.is_eog(tok) {
             lane.outcome = Some(Outcome::Finished(FinishReason::Stop));
             return;

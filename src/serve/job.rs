@@ -19,6 +19,8 @@ pub struct GenParams {
     pub stop: Vec<String>,
     /// Report each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// End-of-generation tokens are never drawn.
+    pub ignore_eos: bool,
 }
 
 /// A request's prompt before tokenization (done on the engine thread,
@@ -170,6 +172,7 @@ pub fn gen_params(f: &SamplingFields, logprobs: Option<usize>) -> Result<GenPara
         },
         stop: stop_strings(&f.stop)?,
         logprobs,
+        ignore_eos: f.ignore_eos,
     })
 }
 

@@ -455,6 +455,11 @@ impl Tokenizer {
         self.eog.binary_search(&id).is_ok()
     }
 
+    /// Every token that ends generation, ascending.
+    pub fn eog_tokens(&self) -> &[TokenId] {
+        &self.eog
+    }
+
     /// The stored text of token `id` (byte-level BPE tokens in GPT-2's
     /// mapping, SentencePiece ones with U+2581 for spaces).
     pub fn token_text(&self, id: TokenId) -> Option<&str> {
