@@ -342,7 +342,10 @@ fn serve_refuses_bad_requests() {
 #[test]
 fn serve_bounds_its_queue_and_cancels_a_dropped_stream() {
     let Some(model) = model_path() else { return };
-    let server = start(&model, &["--parallel", "1", "--queue", "1", "--ctx", "4096"]);
+    let server = start(
+        &model,
+        &["--parallel", "1", "--queue", "1", "--ctx", "4096"],
+    );
     let metrics = || get(&server, "/metrics").body;
     let ok = serde_json::json!({"prompt": "Hello", "max_tokens": 2, "temperature": 0});
     // The queue: one running, one waiting, the next refused with 503. The

@@ -25,7 +25,7 @@ if [ -z "${WEFT_SKIP_FLASH:-}" ]; then
   [ -f "$FILE" ] || timeout 300 .device/weft synth-model --experts "${WEFT_DSV4_EXPERTS:-16}" --context 8192 --out "$FILE" 2>&1 | tee "$OUT/synth.log" || status=1
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   timeout 400 .device/weft bench --backend cuda --model "$FILE" --pp "${WEFT_DSV4_PP:-16}" --tg "${WEFT_DSV4_TG:-32}" --reps "${WEFT_DSV4_REPS:-3}" 2>&1 | tee "$OUT/flash-bench.log" | tail -12 || status=1
-  echo "-- step by step (each token waited for, as the first figures were taken)"
+  echo "-- step by step (each token waited for, as docs/performance.md's figures were taken)"
   timeout 300 .device/weft bench --backend cuda --model "$FILE" --pp 0 --tg "${WEFT_DSV4_TG:-32}" --reps "${WEFT_DSV4_REPS:-3}" --step-by-step 2>&1 | tail -4 || status=1
   timeout 200 .device/weft bench --backend cuda --model "$FILE" --pp 0 --tg "${WEFT_DSV4_TG:-32}" --reps 1 --json > "$OUT/flash-bench.json" 2>&1 || status=1
   tail -c 1500 "$OUT/flash-bench.json"; echo
