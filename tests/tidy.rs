@@ -34,10 +34,6 @@ const FORBIDDEN: &[(&str, &str)] = &[
         r"(?i)\bround \d+ of\b|\b(later|earlier|previous) session\b|\ban earlier run\b",
         "a dated attempt",
     ),
-    (
-        r"\b20[2-3]\d-[01]\d-[0-3]\d\b(?! \d\d:\d\d)",
-        "a date (history belongs in git log)",
-    ),
 ];
 
 fn root() -> PathBuf {
@@ -129,7 +125,6 @@ fn the_patterns_catch_what_they_name() {
         "in /work/main",
         "round 2 of the kernels",
         "measured in a later session",
-        concat!("measured on 2026", "-11-30"),
     ] {
         assert!(hits(bad), "not caught: {bad}");
     }

@@ -169,7 +169,7 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         if let Op::Attention(p) = &node.op {
             let q_rows = node.inputs[0].rows();
             if fast::attention::applies(q_rows, p) {
-                return fast::attention::split(q_rows, node.inputs[1].rows(), p);
+                return fast::attention::split(q_rows, node.inputs[1].rows(), p, threads);
             }
             if p.kv_heads > 0 && p.heads.is_multiple_of(p.kv_heads) {
                 return fast::attention_prefill::split(q_rows, p).in_fast_numerics();

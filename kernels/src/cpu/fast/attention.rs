@@ -1,16 +1,18 @@
 //! Decode attention, fast numerics: flash-decoding on the CPU.
 //!
-//! The cached cells are cut into chunks of [`CHUNK`] cells, and one work
-//! item is one (KV head, chunk) pair: the query heads that share the KV head
-//! read its cells together, and a long context spreads over every thread
-//! instead of one thread per head. Below [`SHARED_FROM`] cells, where there
-//! are few chunks, an item is one (query head, chunk) pair instead, so
-//! short contexts still spread over the threads. Each item keeps, per query head and
-//! row, its running max, sum and f32 output over its chunk (scores in
-//! tiles of 64, exponentials by ggml's vector `exp`); the item that
-//! finishes last combines the chunks by log-sum-exp, in chunk order. The
-//! chunking depends on the cell count alone, so a result does not depend on
-//! the thread count or on which thread ran which chunk.
+//! The cached cells are cut into chunks, and one work item is one chunk
+//! for every head (or, where there are fewer chunks than threads, for a
+//! group of KV heads): an item reads its cells' cache rows front to back
+//! (all KV heads of a cell are adjacent), so the cache streams at the
+//! memory's sequential pace, and the query heads that share a KV head read
+//! its keys and values together. The chunk size depends on the cell count
+//! alone (about [`ITEMS`] chunks of whole tiles, between one tile and
+//! [`MAX_CHUNK`] cells), so a long context spreads over every thread and a
+//! result does not depend on the thread count or on which thread ran which
+//! chunk. Each item keeps, per query head and row, its running max, sum
+//! and f32 output over its chunk (scores in tiles of 64, exponentials by
+//! ggml's vector `exp`); the item that finishes last combines the chunks by
+//! log-sum-exp, in chunk order.
 //!
 //! Error bound: f32 dot products and sums with a 1.5-ulp `exp`; against
 //! the reference (f64), each output is within about `(d + cells / 64 +
@@ -32,22 +34,27 @@ use weft_ops::{AttentionParams, DType, OpError};
 /// speculative batches); longer steps take the exact tiled kernel, which
 /// is f32 already and shares each key tile across 64 query rows.
 pub(crate) const MAX_ROWS: usize = 4;
-/// Cells per chunk.
-const CHUNK: usize = 256;
-/// Cells from which an item takes all the query heads of a KV head.
-const SHARED_FROM: usize = 1024;
 /// Cells per score tile.
 const TILE: usize = 64;
+/// Chunks a long context is cut into.
+const ITEMS: usize = 32;
+/// Most cells per chunk.
+const MAX_CHUNK: usize = 512;
 
 /// The per-chunk partial results of one attention node while it runs:
-/// for each (KV head, chunk) item, for each of its query heads and rows,
-/// the running max, sum and `head_dim` outputs.
+/// for each chunk, for each query head and row, the running max, sum and
+/// `head_dim` outputs.
 pub(crate) struct Partials {
+    /// Cells per chunk.
+    chunk: usize,
     chunks: usize,
+    /// KV heads per item: all of them, or fewer where the chunks alone
+    /// would leave threads idle (heads are independent, so the grouping
+    /// never changes a result).
+    kv_group: usize,
+    /// Items: `chunks` times the KV head groups.
     items: usize,
-    /// Query heads per item: the whole group of a KV head, or one.
-    heads: usize,
-    /// Floats per item: `heads * rows * (head_dim + 2)`.
+    /// Floats per chunk: `heads * rows * (head_dim + 2)`.
     stride: usize,
     values: Mutex<Vec<f32>>,
     done: AtomicUsize,
@@ -56,8 +63,8 @@ pub(crate) struct Partials {
 impl std::fmt::Debug for Partials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Partials")
+            .field("chunk", &self.chunk)
             .field("chunks", &self.chunks)
-            .field("items", &self.items)
             .finish()
     }
 }
@@ -67,24 +74,37 @@ pub(crate) fn applies(q_rows: usize, p: &AttentionParams) -> bool {
     q_rows <= MAX_ROWS && p.kv_heads > 0 && p.heads.is_multiple_of(p.kv_heads)
 }
 
-/// One item per (KV head, chunk of the scanned cells), or per (query
-/// head, chunk) below [`SHARED_FROM`] cells.
-pub(crate) fn split(q_rows: usize, k_rows: usize, p: &AttentionParams) -> WorkSplit {
+/// Cells per chunk for a scan of `cells` cells: whole tiles, about
+/// [`ITEMS`] chunks, at most [`MAX_CHUNK`] cells.
+fn chunk_cells(cells: usize) -> usize {
+    cells
+        .div_ceil(ITEMS)
+        .next_multiple_of(TILE)
+        .clamp(TILE, MAX_CHUNK)
+}
+
+/// One item per chunk of the scanned cells and group of KV heads, the
+/// groups as large as `threads` allows.
+pub(crate) fn split(
+    q_rows: usize,
+    k_rows: usize,
+    p: &AttentionParams,
+    threads: usize,
+) -> WorkSplit {
     let cells = cells(q_rows, k_rows, p);
-    let chunks = cells.div_ceil(CHUNK).max(1);
-    let heads = if cells >= SHARED_FROM {
-        p.heads / p.kv_heads
-    } else {
-        1
-    };
-    let items = p.heads / heads * chunks;
-    let stride = heads * q_rows * (p.head_dim + 2);
+    let chunk = chunk_cells(cells);
+    let chunks = cells.div_ceil(chunk).max(1);
+    let groups = threads.max(1).div_ceil(chunks).clamp(1, p.kv_heads.max(1));
+    let kv_group = p.kv_heads.div_ceil(groups).max(1);
+    let items = chunks * p.kv_heads.div_ceil(kv_group).max(1);
+    let stride = p.heads * q_rows * (p.head_dim + 2);
     let partials = Partials {
+        chunk,
         chunks,
+        kv_group,
         items,
-        heads,
         stride,
-        values: Mutex::new(vec![0.0; items * stride]),
+        values: Mutex::new(vec![0.0; chunks * stride]),
         done: AtomicUsize::new(0),
     };
     WorkSplit::with_partials(items, Arc::new(partials))
@@ -105,19 +125,25 @@ pub(crate) unsafe fn attention(
     let n = q.tensor.rows();
     let ctx = Ctx::new(p, n, k, v);
     let d = p.head_dim;
+    let groups = parts.items / parts.chunks;
+    // Floats of one KV head's query heads and rows.
+    let per_kv_head = parts.stride / p.kv_heads.max(1);
     for item in items {
-        let (head_block, chunk) = (item / parts.chunks, item % parts.chunks);
-        let cells = (chunk * CHUNK).min(ctx.cells)..((chunk + 1) * CHUNK).min(ctx.cells);
-        let mut local = vec![0f32; parts.stride];
-        let heads = head_block * parts.heads..(head_block + 1) * parts.heads;
-        chunk_partials(&ctx, q, heads, cells, &mut local);
+        let (chunk, group) = (item / groups, item % groups);
+        let cells =
+            (chunk * parts.chunk).min(ctx.cells)..((chunk + 1) * parts.chunk).min(ctx.cells);
+        let kv_heads = (group * parts.kv_group).min(p.kv_heads)
+            ..((group + 1) * parts.kv_group).min(p.kv_heads);
+        let mut local = vec![0f32; kv_heads.len() * per_kv_head];
+        chunk_partials(&ctx, q, cells, kv_heads.clone(), &mut local);
         {
             let mut values = parts.values.lock().map_err(|_| {
                 OpError::Record(
                     "fast attention: a thread panicked while holding its partial results".into(),
                 )
             })?;
-            values[item * parts.stride..][..parts.stride].copy_from_slice(&local);
+            values[chunk * parts.stride + kv_heads.start * per_kv_head..][..local.len()]
+                .copy_from_slice(&local);
         }
         if parts.done.fetch_add(1, Ordering::AcqRel) + 1 == parts.items {
             let values = parts.values.lock().map_err(|_| {
@@ -132,9 +158,30 @@ pub(crate) unsafe fn attention(
     Ok(())
 }
 
-/// Partials of query `heads` (all of one KV head's) over `cells`, written
-/// as `[head][row] -> (max, sum, out[d])`.
+/// Partials over `cells` of the query heads of `kv_heads`, written as
+/// `[head][row] -> (max, sum, out[d])`.
 unsafe fn chunk_partials(
+    ctx: &Ctx<'_>,
+    q: &HostTensor,
+    cells: Range<usize>,
+    kv_heads: Range<usize>,
+    local: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() && ctx.p.head_dim.is_multiple_of(16) {
+        return x86::chunk_partials(ctx, q, cells, kv_heads, local);
+    }
+    let p = ctx.p;
+    let group = p.heads / p.kv_heads;
+    let per_kv_head = group * q.tensor.rows() * (p.head_dim + 2);
+    for (kvh, local) in kv_heads.zip(local.chunks_exact_mut(per_kv_head)) {
+        group_partials(ctx, q, kvh * group..(kvh + 1) * group, cells.clone(), local);
+    }
+}
+
+/// [`chunk_partials`] of query `heads` (all of one KV head's), one cell at
+/// a time: the path for head sizes and machines without the vector kernel.
+unsafe fn group_partials(
     ctx: &Ctx<'_>,
     q: &HostTensor,
     heads: Range<usize>,
@@ -162,12 +209,10 @@ unsafe fn chunk_partials(
                 let slot = g * n + t;
                 let pos = first_pos + t;
                 let qrow = &qv[t * q.tensor.cols() + h * d..][..d];
-                kq.fill(f32::NEG_INFINITY);
                 for (j, c) in tile.clone().enumerate() {
-                    if ctx.visible(c, pos) {
-                        kq[j] = ctx.scaled(dot(ctx, ctx.k, c, kvh, qrow));
-                    }
+                    kq[j] = dot(ctx, ctx.k, c, kvh, qrow);
                 }
+                mask_and_scale(ctx, &mut kq, tile.clone(), pos);
                 let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
                 if tile_max == f32::NEG_INFINITY {
                     continue;
@@ -196,6 +241,36 @@ unsafe fn chunk_partials(
     }
 }
 
+/// Scales (and caps) the raw scores of `tile` where the query at `pos`
+/// sees the cell and sets the rest, and the lanes past the tile, to `-inf`.
+fn mask_and_scale(ctx: &Ctx<'_>, kq: &mut [f32; TILE], tile: Range<usize>, pos: usize) {
+    if ctx.p.ring.is_none() {
+        let hi = (pos + 1).saturating_sub(tile.start).min(tile.len());
+        let oldest = ctx
+            .p
+            .window
+            .map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+        let lo = oldest.saturating_sub(tile.start).min(hi);
+        kq[..lo].fill(f32::NEG_INFINITY);
+        kq[hi..].fill(f32::NEG_INFINITY);
+        if ctx.p.softcap != 0.0 {
+            kq[lo..hi].iter_mut().for_each(|x| *x = ctx.scaled(*x));
+        } else {
+            let scale = ctx.p.scale;
+            kq[lo..hi].iter_mut().for_each(|x| *x *= scale);
+        }
+        return;
+    }
+    for (j, c) in tile.clone().enumerate() {
+        kq[j] = if ctx.visible(c, pos) {
+            ctx.scaled(kq[j])
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    kq[tile.len()..].fill(f32::NEG_INFINITY);
+}
+
 /// Combines the chunks of every query head and row by log-sum-exp, in
 /// chunk order, and writes the normalised outputs.
 unsafe fn combine(
@@ -209,13 +284,11 @@ unsafe fn combine(
     let o = out.ptr as *mut f32;
     let mut acc = vec![0f32; d];
     for h in 0..p.heads {
-        let (block, g) = (h / parts.heads, h % parts.heads);
         for t in 0..n {
             let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
             acc.fill(0.0);
             for chunk in 0..parts.chunks {
-                let item = block * parts.chunks + chunk;
-                let part = &values[item * parts.stride + (g * n + t) * (d + 2)..][..d + 2];
+                let part = &values[chunk * parts.stride + (h * n + t) * (d + 2)..][..d + 2];
                 let (pm, ps) = (part[0], part[1]);
                 if ps == 0.0 {
                     continue;
@@ -223,9 +296,9 @@ unsafe fn combine(
                 let m_new = m.max(pm);
                 let (a, b) = ((m - m_new).exp(), (pm - m_new).exp());
                 for (x, y) in acc.iter_mut().zip(&part[2..]) {
-                    *x = x.mul_add(a, y * b);
+                    *x = *x * a + y * b;
                 }
-                s = s.mul_add(a, ps * b);
+                s = s * a + ps * b;
                 m = m_new;
             }
             let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
@@ -245,17 +318,11 @@ fn row_offset(ctx: &Ctx<'_>, slot: usize, kvh: usize) -> usize {
 /// `q . key(slot)` in f32.
 unsafe fn dot(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, q: &[f32]) -> f32 {
     let offset = row_offset(ctx, slot, kvh);
-    let d = q.len();
     if t.tensor.dtype == DType::F16 {
-        let row = (t.ptr as *const f16).add(offset);
-        #[cfg(target_arch = "x86_64")]
-        if x86::available() && d.is_multiple_of(16) {
-            return x86::dot_f16_f32(row, q.as_ptr(), d);
-        }
-        let row = std::slice::from_raw_parts(row, d);
+        let row = std::slice::from_raw_parts((t.ptr as *const f16).add(offset), q.len());
         row.iter().zip(q).map(|(k, q)| k.to_f32() * q).sum()
     } else {
-        let row = std::slice::from_raw_parts((t.ptr as *const f32).add(offset), d);
+        let row = std::slice::from_raw_parts((t.ptr as *const f32).add(offset), q.len());
         row.iter().zip(q).map(|(k, q)| k * q).sum()
     }
 }
@@ -265,12 +332,7 @@ unsafe fn axpy(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, w: f32, a
     let offset = row_offset(ctx, slot, kvh);
     let d = acc.len();
     if t.tensor.dtype == DType::F16 {
-        let row = (t.ptr as *const f16).add(offset);
-        #[cfg(target_arch = "x86_64")]
-        if x86::available() && d.is_multiple_of(16) {
-            return x86::axpy_f16(acc.as_mut_ptr(), w, row, d);
-        }
-        let row = std::slice::from_raw_parts(row, d);
+        let row = std::slice::from_raw_parts((t.ptr as *const f16).add(offset), d);
         for (a, x) in acc.iter_mut().zip(row) {
             *a = x.to_f32().mul_add(w, *a);
         }
@@ -284,36 +346,305 @@ unsafe fn axpy(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, w: f32, a
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{exp_tile64, mask_and_scale, row_offset, Ctx, HostTensor, Range, TILE};
     use half::f16;
     use std::arch::x86_64::*;
+    use weft_ops::DType;
 
     pub(super) fn available() -> bool {
         super::super::avx512()
     }
 
-    /// `sum(f32(k[i]) * q[i])` over `d` (a multiple of 16) elements.
-    #[target_feature(enable = "avx512f,f16c,fma")]
-    pub(super) unsafe fn dot_f16_f32(k: *const f16, q: *const f32, d: usize) -> f32 {
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < d {
-            let kv = _mm512_cvtph_ps(_mm256_loadu_si256(k.add(i) as *const __m256i));
-            acc = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q.add(i)), acc);
-            i += 16;
-        }
-        _mm512_reduce_add_ps(acc)
+    /// Query heads that read one widened key or value row together.
+    const HEAD_PASS: usize = 4;
+
+    /// `(first head, heads)` of each pass over `heads` query heads, `group`
+    /// to a KV head: at most [`HEAD_PASS`] heads, never two KV heads'.
+    fn head_passes(heads: usize, group: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..heads).step_by(group).flat_map(move |first| {
+            (first..first + group)
+                .step_by(HEAD_PASS)
+                .map(move |i0| (i0, HEAD_PASS.min(first + group - i0)))
+        })
     }
 
-    /// `acc[i] += w * f32(v[i])` over `d` (a multiple of 16) elements.
+    /// [`super::chunk_partials`] tile by tile: each tile's keys, then its
+    /// values, are widened to f32 once (every KV head's, reading each
+    /// cell's row front to back) and shared by the query heads and rows
+    /// of their KV head; the scores of 16 cells are reduced together (one
+    /// transpose tree instead of 16 horizontal sums), and the weighted
+    /// values accumulate in registers across the tile.
+    ///
+    /// # Safety
+    /// AVX-512F and F16C are available; `head_dim` is a multiple of 16;
+    /// the tensors are the node's.
     #[target_feature(enable = "avx512f,f16c,fma")]
-    pub(super) unsafe fn axpy_f16(acc: *mut f32, w: f32, v: *const f16, d: usize) {
-        let wv = _mm512_set1_ps(w);
-        let mut i = 0;
-        while i < d {
-            let x = _mm512_cvtph_ps(_mm256_loadu_si256(v.add(i) as *const __m256i));
-            let a = acc.add(i);
-            _mm512_storeu_ps(a, _mm512_fmadd_ps(x, wv, _mm512_loadu_ps(a)));
-            i += 16;
+    pub(super) unsafe fn chunk_partials(
+        ctx: &Ctx<'_>,
+        q: &HostTensor,
+        cells: Range<usize>,
+        kv_heads: Range<usize>,
+        local: &mut [f32],
+    ) {
+        let p = ctx.p;
+        let d = p.head_dim;
+        let n = q.tensor.rows();
+        let qv = q.f32s();
+        let group = p.heads / p.kv_heads;
+        let heads = kv_heads.start * group..kv_heads.end * group;
+        let slots = heads.len() * n;
+        let mut m = vec![f32::NEG_INFINITY; slots];
+        let mut s = vec![0f32; slots];
+        let mut acc = vec![0f32; slots * d];
+        // One tile of widened rows, `[kv head][cell][d]`.
+        let mut rows = vec![0f32; kv_heads.len() * TILE * d];
+        let mut weights = vec![[0f32; TILE]; slots];
+        let mut live = vec![false; slots];
+        let first_pos = p.q_position as usize;
+        for tile_start in cells.clone().step_by(TILE) {
+            let tile = tile_start..(tile_start + TILE).min(cells.end);
+            if !ctx.tile_seen(tile.clone(), first_pos..first_pos + n) {
+                continue;
+            }
+            widen_rows(ctx, ctx.k, tile.clone(), kv_heads.clone(), &mut rows);
+            // Query heads of one KV head, up to HEAD_PASS at a time, read
+            // each widened key once; then each head's softmax step.
+            for (i0, count) in head_passes(heads.len(), group) {
+                let keys = rows.as_ptr().add(i0 / group * TILE * d);
+                for t in 0..n {
+                    let row =
+                        |i: usize| qv[t * q.tensor.cols() + (heads.start + i) * d..][..d].as_ptr();
+                    let qs: [*const f32; HEAD_PASS] =
+                        std::array::from_fn(|g| row(i0 + g.min(count - 1)));
+                    let rows_out = weights.as_mut_ptr();
+                    let outs: [*mut f32; HEAD_PASS] = std::array::from_fn(|g| {
+                        rows_out.add((i0 + g.min(count - 1)) * n + t) as *mut f32
+                    });
+                    match count {
+                        1 => scores::<1>(keys, tile.len(), d, &qs[..1], &outs[..1]),
+                        2 => scores::<2>(keys, tile.len(), d, &qs[..2], &outs[..2]),
+                        3 => scores::<3>(keys, tile.len(), d, &qs[..3], &outs[..3]),
+                        _ => scores::<4>(keys, tile.len(), d, &qs, &outs),
+                    }
+                    for i in i0..i0 + count {
+                        let slot = i * n + t;
+                        let kq = &mut weights[slot];
+                        mask_and_scale(ctx, kq, tile.clone(), first_pos + t);
+                        let tile_max = max64(kq);
+                        live[slot] = tile_max != f32::NEG_INFINITY;
+                        if !live[slot] {
+                            kq.fill(0.0);
+                            continue;
+                        }
+                        let a = &mut acc[slot * d..(slot + 1) * d];
+                        if tile_max > m[slot] {
+                            let rescale = (m[slot] - tile_max).exp();
+                            a.iter_mut().for_each(|x| *x *= rescale);
+                            s[slot] *= rescale;
+                            m[slot] = tile_max;
+                        }
+                        s[slot] += exp_tile64(kq, m[slot]) as f32;
+                    }
+                }
+            }
+            widen_rows(ctx, ctx.v, tile.clone(), kv_heads.clone(), &mut rows);
+            for (i0, count) in head_passes(heads.len(), group) {
+                let values = rows.as_ptr().add(i0 / group * TILE * d);
+                for t in 0..n {
+                    // The heads of one query row see the same cells.
+                    if !live[i0 * n + t] {
+                        continue;
+                    }
+                    let ws: [*const f32; HEAD_PASS] =
+                        std::array::from_fn(|g| weights[(i0 + g.min(count - 1)) * n + t].as_ptr());
+                    let accs: [*mut f32; HEAD_PASS] = std::array::from_fn(|g| {
+                        acc.as_mut_ptr()
+                            .add((i0 + g.min(count - 1)) * n * d + t * d)
+                    });
+                    match count {
+                        1 => weighted_values::<1>(values, tile.len(), d, &ws[..1], &accs[..1]),
+                        2 => weighted_values::<2>(values, tile.len(), d, &ws[..2], &accs[..2]),
+                        3 => weighted_values::<3>(values, tile.len(), d, &ws[..3], &accs[..3]),
+                        _ => weighted_values::<4>(values, tile.len(), d, &ws, &accs),
+                    }
+                }
+            }
+        }
+        for slot in 0..slots {
+            let dst = &mut local[slot * (d + 2)..(slot + 1) * (d + 2)];
+            dst[0] = m[slot];
+            dst[1] = s[slot];
+            dst[2..].copy_from_slice(&acc[slot * d..(slot + 1) * d]);
+        }
+    }
+
+    /// The rows of `cells` for `kv_heads`, as f32, into `out` laid out
+    /// `[kv head][cell][d]` with [`TILE`] cells per head.
+    #[target_feature(enable = "avx512f,f16c,fma")]
+    unsafe fn widen_rows(
+        ctx: &Ctx<'_>,
+        t: &HostTensor,
+        cells: Range<usize>,
+        kv_heads: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let d = ctx.p.head_dim;
+        for (j, c) in cells.enumerate() {
+            for (i, kvh) in kv_heads.clone().enumerate() {
+                let offset = row_offset(ctx, c, kvh);
+                let dst = out.as_mut_ptr().add((i * TILE + j) * d);
+                if t.tensor.dtype == DType::F16 {
+                    let row = (t.ptr as *const f16).add(offset);
+                    for i in (0..d).step_by(16) {
+                        let x = _mm512_cvtph_ps(_mm256_loadu_si256(row.add(i) as *const __m256i));
+                        _mm512_storeu_ps(dst.add(i), x);
+                    }
+                } else {
+                    std::ptr::copy_nonoverlapping((t.ptr as *const f32).add(offset), dst, d);
+                }
+            }
+        }
+    }
+
+    /// The largest of 64 scores.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn max64(kq: &[f32; TILE]) -> f32 {
+        let p = kq.as_ptr();
+        let a = _mm512_max_ps(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let b = _mm512_max_ps(_mm512_loadu_ps(p.add(32)), _mm512_loadu_ps(p.add(48)));
+        _mm512_reduce_max_ps(_mm512_max_ps(a, b))
+    }
+
+    /// `out[g][j] = k[j] . q[g]` for the `count` (at most 64) rows of `k`,
+    /// `d` apart, and the `G` query rows `q`; each `out[g]` holds 64.
+    // The indices run over several arrays at once (each head's query,
+    // accumulator and output).
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn scores<const G: usize>(
+        k: *const f32,
+        count: usize,
+        d: usize,
+        q: &[*const f32],
+        out: &[*mut f32],
+    ) {
+        for group in (0..count).step_by(16) {
+            let mut sums = [[_mm512_setzero_ps(); 16]; G];
+            for c in 0..(count - group).min(16) {
+                let row = k.add((group + c) * d);
+                let mut acc = [_mm512_setzero_ps(); G];
+                for i in (0..d).step_by(16) {
+                    let kv = _mm512_loadu_ps(row.add(i));
+                    for g in 0..G {
+                        acc[g] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q[g].add(i)), acc[g]);
+                    }
+                }
+                for g in 0..G {
+                    sums[g][c] = acc[g];
+                }
+            }
+            for g in 0..G {
+                _mm512_storeu_ps(out[g].add(group), sum16(&sums[g]));
+            }
+        }
+    }
+
+    /// Lane `i` of the result is the sum of the 16 lanes of `x[i]`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn sum16(x: &[__m512; 16]) -> __m512 {
+        // Pairs: each 128-bit lane holds two cells' partial sums, interleaved.
+        let mut pairs = [_mm512_setzero_ps(); 8];
+        for (i, pair) in pairs.iter_mut().enumerate() {
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            *pair = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        }
+        // Quads: each 128-bit lane holds four consecutive cells.
+        let mut quads = [_mm512_setzero_ps(); 4];
+        for (i, quad) in quads.iter_mut().enumerate() {
+            let (a, b) = (pairs[2 * i], pairs[2 * i + 1]);
+            *quad = _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+            );
+        }
+        let lo = fold_lanes(quads[0], quads[1]);
+        let hi = fold_lanes(quads[2], quads[3]);
+        fold_lanes(lo, hi)
+    }
+
+    /// `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` of the 128-bit lanes.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_lanes(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    }
+
+    /// `acc[g][0..d] += w[g][j] * v[j]` over the `count` rows of `v`, `d`
+    /// apart, for `G` weight rows that are zero at the same cells (the heads
+    /// of one query row); each value row is read once for the `G` heads,
+    /// 64 outputs of each at a time kept in registers, then 16 at a time.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn weighted_values<const G: usize>(
+        v: *const f32,
+        count: usize,
+        d: usize,
+        w: &[*const f32],
+        acc: &[*mut f32],
+    ) {
+        let mut r0 = 0;
+        while r0 + 64 <= d {
+            let mut a = [[_mm512_setzero_ps(); 4]; G];
+            for g in 0..G {
+                for (l, a) in a[g].iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(acc[g].add(r0 + 16 * l));
+                }
+            }
+            for j in 0..count {
+                if *w[0].add(j) == 0.0 && (1..G).all(|g| *w[g].add(j) == 0.0) {
+                    continue;
+                }
+                let row = v.add(j * d + r0);
+                let x = [
+                    _mm512_loadu_ps(row),
+                    _mm512_loadu_ps(row.add(16)),
+                    _mm512_loadu_ps(row.add(32)),
+                    _mm512_loadu_ps(row.add(48)),
+                ];
+                for g in 0..G {
+                    let wv = _mm512_set1_ps(*w[g].add(j));
+                    for l in 0..4 {
+                        a[g][l] = _mm512_fmadd_ps(x[l], wv, a[g][l]);
+                    }
+                }
+            }
+            for g in 0..G {
+                for (l, a) in a[g].iter().enumerate() {
+                    _mm512_storeu_ps(acc[g].add(r0 + 16 * l), *a);
+                }
+            }
+            r0 += 64;
+        }
+        while r0 < d {
+            let mut a = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                a[g] = _mm512_loadu_ps(acc[g].add(r0));
+            }
+            for j in 0..count {
+                if *w[0].add(j) == 0.0 && (1..G).all(|g| *w[g].add(j) == 0.0) {
+                    continue;
+                }
+                let x = _mm512_loadu_ps(v.add(j * d + r0));
+                for g in 0..G {
+                    a[g] = _mm512_fmadd_ps(x, _mm512_set1_ps(*w[g].add(j)), a[g]);
+                }
+            }
+            for g in 0..G {
+                _mm512_storeu_ps(acc[g].add(r0), a[g]);
+            }
+            r0 += 16;
         }
     }
 }
