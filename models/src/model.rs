@@ -175,6 +175,25 @@ impl Model {
         self.file.tensors().iter().map(|t| t.bytes).sum()
     }
 
+    /// Bytes of weights one decode step reads: every tensor but the token
+    /// embedding table (a step reads one row of it) unless the output head
+    /// shares it. `None` for a mixture of experts, whose step reads only
+    /// its routed experts.
+    pub fn decode_weight_bytes(&self) -> Option<u64> {
+        let tensors = self.file.tensors();
+        if tensors.iter().any(|t| t.name.contains("_exps")) {
+            return None;
+        }
+        let tied = !tensors.iter().any(|t| t.name == "output.weight");
+        Some(
+            tensors
+                .iter()
+                .filter(|t| tied || t.name != "token_embd.weight")
+                .map(|t| t.bytes)
+                .sum(),
+        )
+    }
+
     /// The chunking policy hf2q uses for this model.
     pub fn chunk_policy(&self) -> ChunkPolicy {
         ChunkPolicy::for_model(self.family.arch().chunk_window(), self.weight_bytes())

@@ -91,9 +91,35 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     diag.finish(&mut exec)?;
     let cold_ms = bench.cold_ms;
+    // The decode floor of a memory-bound step: what it reads over what
+    // this machine reads per second (the CPU's memory, measured here).
+    let floor = match (exec.device(), model.decode_weight_bytes()) {
+        (weft::runtime::Device::Cpu, Some(weights)) if a.tg > 0 => {
+            let rate = super::bandwidth::read_bytes_per_second(exec.threads());
+            let floors: Vec<Floor> = results
+                .iter()
+                .map(|r| Floor::at(weights, &cache, r.depth + a.tg / 2, rate, r.tg))
+                .collect();
+            Some((rate, floors))
+        }
+        _ => None,
+    };
     let mut out = Stdout::lock();
     if a.json {
-        let depths: Vec<serde_json::Value> = results.iter().map(|r| r.json(&a)).collect();
+        let depths: Vec<serde_json::Value> = results
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut v = r.json(&a);
+                if let (Some(o), Some((_, floors))) = (v.as_object_mut(), &floor) {
+                    let f = &floors[i];
+                    o.insert("bytes_per_token".into(), serde_json::json!(f.bytes));
+                    o.insert("floor_tps".into(), serde_json::json!(f.tps));
+                    o.insert("floor_share".into(), serde_json::json!(f.share));
+                }
+                v
+            })
+            .collect();
         // The first depth's figures also at the top level, as before depths existed.
         let mut v = depths[0].clone();
         let top = v.as_object_mut().expect("an object");
@@ -105,6 +131,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ("threads", serde_json::json!(exec.threads())),
             ("reorder", serde_json::json!(exec.config().reorder)),
             ("pp_cold_ms", serde_json::json!(cold_ms)),
+            (
+                "read_bytes_per_second",
+                serde_json::json!(floor.as_ref().map(|f| f.0)),
+            ),
             ("depths", serde_json::Value::Array(depths)),
         ] {
             top.insert(k.into(), x);
@@ -146,6 +176,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             cell(a.tg > 0, r.tg)
         ))?;
     }
+    if let Some((rate, floors)) = &floor {
+        for (r, f) in results.iter().zip(floors) {
+            out.line(format_args!(
+                "decode floor at depth {}: {:.1} MB read per token at {:.1} GB/s (measured, {} threads) = {:.1} tokens/s; decode at {:.0} % of it",
+                r.depth,
+                f.bytes as f64 / 1e6,
+                rate / 1e9,
+                exec.threads(),
+                f.tps,
+                100.0 * f.share
+            ))?;
+        }
+    }
     let r = &results[0];
     if a.pp > 0 {
         out.line(format_args!(
@@ -179,6 +222,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The memory-bandwidth floor of decode at one depth.
+struct Floor {
+    /// Weights and cached keys and values one step reads.
+    bytes: u64,
+    /// Tokens per second if a step cost only its reads.
+    tps: f64,
+    /// The measured decode rate over `tps`.
+    share: f64,
+}
+
+impl Floor {
+    /// A step at `position` (the middle of the measured decode), reading
+    /// `weights` and its cache rows at `rate` bytes per second.
+    fn at(
+        weights: u64,
+        cache: &weft::runtime::cache::KvCache,
+        position: u32,
+        rate: f64,
+        tg: f64,
+    ) -> Floor {
+        let bytes = weights + cache.bytes_read_at(position);
+        let tps = rate / bytes.max(1) as f64;
+        Floor {
+            bytes,
+            tps,
+            share: tg / tps,
+        }
+    }
 }
 
 /// The measurement loop's state across depths.

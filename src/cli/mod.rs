@@ -1,6 +1,7 @@
 //! Command-line front end: argument parsing and shared set-up (model
 //! resolution, executor settings). One file per subcommand.
 
+mod bandwidth;
 mod bench;
 mod chat;
 mod diagnostics;

@@ -106,6 +106,21 @@ impl KvCache {
         &self.layers
     }
 
+    /// Bytes of keys and values a query at `position` reads across the
+    /// layers: the cells it may see (its window's, or the ring's), each a
+    /// key row and a value row.
+    pub fn bytes_read_at(&self, position: u32) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| {
+                let cells = (position as u64 + 1)
+                    .min(l.ring.map_or(u64::MAX, u64::from))
+                    .min(l.window.map_or(u64::MAX, u64::from));
+                cells * (l.k.row_bytes() + l.v.row_bytes()) as u64
+            })
+            .sum()
+    }
+
     /// Why the cache is poisoned, if it is.
     pub fn poisoned(&self) -> Option<&str> {
         self.poisoned.as_deref()
