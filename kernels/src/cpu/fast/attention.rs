@@ -327,19 +327,20 @@ unsafe fn dot(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, q: &[f32])
     }
 }
 
-/// `acc += w * value(slot)` in f32.
+/// `acc += w * value(slot)` in f32 (a multiply and an add: without the
+/// `fma` target feature `mul_add` is a library call per element).
 unsafe fn axpy(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, w: f32, acc: &mut [f32]) {
     let offset = row_offset(ctx, slot, kvh);
     let d = acc.len();
     if t.tensor.dtype == DType::F16 {
         let row = std::slice::from_raw_parts((t.ptr as *const f16).add(offset), d);
         for (a, x) in acc.iter_mut().zip(row) {
-            *a = x.to_f32().mul_add(w, *a);
+            *a += x.to_f32() * w;
         }
     } else {
         let row = std::slice::from_raw_parts((t.ptr as *const f32).add(offset), d);
         for (a, x) in acc.iter_mut().zip(row) {
-            *a = x.mul_add(w, *a);
+            *a += x * w;
         }
     }
 }

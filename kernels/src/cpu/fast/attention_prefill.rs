@@ -243,7 +243,7 @@ fn scores(q_t: &[f32], keys: &[f32], d: usize, n_keys: usize, out: &mut [f32]) {
         for dd in 0..d {
             let k = keys[j * d + dd];
             for (x, qv) in row.iter_mut().zip(&q_t[dd * TILE..(dd + 1) * TILE]) {
-                *x = qv.mul_add(k, *x);
+                *x += qv * k;
             }
         }
     }
@@ -279,7 +279,7 @@ fn accumulate(p: &[f32], vals: &[f32], d: usize, n_keys: usize, nr: usize, acc: 
             let w = p[j * TILE + i];
             if w != 0.0 {
                 for (x, v) in a.iter_mut().zip(&vals[j * d..(j + 1) * d]) {
-                    *x = v.mul_add(w, *x);
+                    *x += v * w;
                 }
             }
         }
