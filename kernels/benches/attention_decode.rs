@@ -87,46 +87,30 @@ fn time(node: &OpNode, mem: &mut HostMemory, threads: usize, numerics: Numerics)
     let end = Barrier::new(threads);
     let next = AtomicUsize::new(0);
     let mut best = f64::INFINITY;
-    std::thread::scope(|s| {
-        let work = || {
-            for _ in 0..passes * reps {
-                start.wait();
-                loop {
-                    let item = next.fetch_add(1, Ordering::AcqRel);
-                    if item >= split.items {
-                        break;
-                    }
-                    // SAFETY: the tensors live in `mem` for the whole scope;
-                    // each item is run once per pass.
-                    unsafe { cpu::run_item(node, &ins, &outs, &split, item) }
-                        .expect("attention item");
-                }
-                if end.wait().is_leader() {
-                    next.store(0, Ordering::Release);
-                }
+    // One run of the node: every worker claims items until none are left.
+    let run_once = || {
+        start.wait();
+        loop {
+            let item = next.fetch_add(1, Ordering::AcqRel);
+            if item >= split.items {
+                break;
             }
-        };
+            // SAFETY: the tensors live in `mem` for the whole scope; each
+            // item is run once per run.
+            unsafe { cpu::run_item(node, &ins, &outs, &split, item) }.expect("attention item");
+        }
+        if end.wait().is_leader() {
+            next.store(0, Ordering::Release);
+        }
+    };
+    std::thread::scope(|s| {
         for _ in 1..threads {
-            s.spawn(work);
+            s.spawn(|| (0..passes * reps).for_each(|_| run_once()));
         }
         // This thread is a worker too, and keeps the time.
         for _ in 0..passes {
             let t0 = Instant::now();
-            for _ in 0..reps {
-                start.wait();
-                loop {
-                    let item = next.fetch_add(1, Ordering::AcqRel);
-                    if item >= split.items {
-                        break;
-                    }
-                    // SAFETY: as above.
-                    unsafe { cpu::run_item(node, &ins, &outs, &split, item) }
-                        .expect("attention item");
-                }
-                if end.wait().is_leader() {
-                    next.store(0, Ordering::Release);
-                }
-            }
+            (0..reps).for_each(|_| run_once());
             best = best.min(t0.elapsed().as_secs_f64() * 1e6 / reps as f64);
         }
     });

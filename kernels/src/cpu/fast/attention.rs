@@ -214,17 +214,10 @@ unsafe fn group_partials(
                 }
                 mask_and_scale(ctx, &mut kq, tile.clone(), pos);
                 let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-                if tile_max == f32::NEG_INFINITY {
+                let a = &mut acc[slot * d..(slot + 1) * d];
+                if !softmax_step(&mut kq, tile_max, &mut m[slot], &mut s[slot], a) {
                     continue;
                 }
-                let a = &mut acc[slot * d..(slot + 1) * d];
-                if tile_max > m[slot] {
-                    let rescale = (m[slot] - tile_max).exp();
-                    a.iter_mut().for_each(|x| *x *= rescale);
-                    s[slot] *= rescale;
-                    m[slot] = tile_max;
-                }
-                s[slot] += exp_tile64(&mut kq, m[slot]) as f32;
                 for (j, c) in tile.clone().enumerate() {
                     if kq[j] > 0.0 {
                         axpy(ctx, ctx.v, c, kvh, kq[j], a);
@@ -239,6 +232,30 @@ unsafe fn group_partials(
         dst[1] = s[slot];
         dst[2..].copy_from_slice(&acc[slot * d..(slot + 1) * d]);
     }
+}
+
+/// One tile's step of the online softmax of a query head and row: the
+/// running max `m` raised to the tile's (rescaling the running sum `s` and
+/// output `acc`), the scores `kq` turned into weights and added to `s`.
+/// False, with nothing changed, when the row sees no cell of the tile.
+fn softmax_step(
+    kq: &mut [f32; TILE],
+    tile_max: f32,
+    m: &mut f32,
+    s: &mut f32,
+    acc: &mut [f32],
+) -> bool {
+    if tile_max == f32::NEG_INFINITY {
+        return false;
+    }
+    if tile_max > *m {
+        let rescale = (*m - tile_max).exp();
+        acc.iter_mut().for_each(|x| *x *= rescale);
+        *s *= rescale;
+        *m = tile_max;
+    }
+    *s += exp_tile64(kq, *m) as f32;
+    true
 }
 
 /// Scales (and caps) the raw scores of `tile` where the query at `pos`
@@ -347,7 +364,7 @@ unsafe fn axpy(ctx: &Ctx<'_>, t: &HostTensor, slot: usize, kvh: usize, w: f32, a
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{exp_tile64, mask_and_scale, row_offset, Ctx, HostTensor, Range, TILE};
+    use super::{mask_and_scale, row_offset, softmax_step, Ctx, HostTensor, Range, TILE};
     use half::f16;
     use std::arch::x86_64::*;
     use weft_ops::DType;
@@ -432,19 +449,11 @@ mod x86 {
                         let kq = &mut weights[slot];
                         mask_and_scale(ctx, kq, tile.clone(), first_pos + t);
                         let tile_max = max64(kq);
-                        live[slot] = tile_max != f32::NEG_INFINITY;
+                        let a = &mut acc[slot * d..(slot + 1) * d];
+                        live[slot] = softmax_step(kq, tile_max, &mut m[slot], &mut s[slot], a);
                         if !live[slot] {
                             kq.fill(0.0);
-                            continue;
                         }
-                        let a = &mut acc[slot * d..(slot + 1) * d];
-                        if tile_max > m[slot] {
-                            let rescale = (m[slot] - tile_max).exp();
-                            a.iter_mut().for_each(|x| *x *= rescale);
-                            s[slot] *= rescale;
-                            m[slot] = tile_max;
-                        }
-                        s[slot] += exp_tile64(kq, m[slot]) as f32;
                     }
                 }
             }
