@@ -1,8 +1,9 @@
 //! Product files describe the product for its users and maintainers: the
 //! README, ARCHITECTURE, the docs and every source file's comments carry
-//! no development narration (numbered work sessions, reviewers, issue
-//! references, branches, "the seed" for hf2q) and no paths outside the
-//! repository.
+//! no development narration (numbered work sessions, reviews, tracker
+//! references, branch names, a predecessor project's old nickname, dated
+//! attempts) and no paths outside the repository; the patterns below say
+//! exactly what is caught.
 
 use fancy_regex::Regex;
 use std::path::{Path, PathBuf};
