@@ -33,7 +33,7 @@ use crate::models::{LogitRows, Model};
 use crate::runtime::cache::{ChunkPolicy, KvCache};
 use crate::runtime::GraphExecutor;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,8 +51,6 @@ pub enum Health {
 /// State the handlers and the engine share.
 pub struct Shared {
     pub health: Mutex<Health>,
-    /// Jobs sent and not yet admitted to a sequence (the queue bound).
-    pub queued: AtomicUsize,
     pub metrics: Metrics,
     /// Set at the shutdown deadline: every running and waiting job is
     /// answered with an error.
@@ -65,7 +63,6 @@ impl Shared {
     pub fn new() -> Shared {
         Shared {
             health: Mutex::new(Health::Loading),
-            queued: AtomicUsize::new(0),
             metrics: Metrics::default(),
             cancel_all: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -194,7 +191,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
             while !shared.stop.load(Ordering::Relaxed) {
                 match jobs.recv_timeout(Duration::from_millis(100)) {
                     Ok(Work::Generate(job)) => {
-                        shared.queued.fetch_sub(1, Ordering::Relaxed);
+                        shared.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
                         let _ = job
                             .events
                             .send(Event::Error(ApiError::unavailable(why.clone(), 60)));
@@ -297,7 +294,10 @@ impl<'m> Engine<'m> {
         match self.prompt_tokens(&job) {
             Ok(tokens) => self.waiting.push_back(Waiting { job, tokens }),
             Err(e) => {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                self.shared
+                    .metrics
+                    .queue_depth
+                    .fetch_sub(1, Ordering::Relaxed);
                 let _ = job.events.send(Event::Error(e));
             }
         }
@@ -354,7 +354,7 @@ impl<'m> Engine<'m> {
             let gone = w.job.events.is_closed();
             let late = now >= w.job.deadline;
             if gone || late {
-                shared.queued.fetch_sub(1, Ordering::Relaxed);
+                shared.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 if late && !gone {
                     let secs = (w.job.deadline - w.job.received).as_secs_f64();
                     let _ = w.job.events.send(Event::Error(ApiError::timeout(secs)));
@@ -370,7 +370,10 @@ impl<'m> Engine<'m> {
             let Some(w) = self.waiting.pop_front() else {
                 return;
             };
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .metrics
+                .queue_depth
+                .fetch_sub(1, Ordering::Relaxed);
             if let Some(lane) = self.start_lane(w) {
                 self.lanes.push(lane);
             }
@@ -716,7 +719,10 @@ impl<'m> Engine<'m> {
         }
         self.retire();
         for w in self.waiting.drain(..) {
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .metrics
+                .queue_depth
+                .fetch_sub(1, Ordering::Relaxed);
             let _ = w
                 .job
                 .events
@@ -728,10 +734,6 @@ impl<'m> Engine<'m> {
     fn update_gauges(&self) {
         let m = &self.shared.metrics;
         Metrics::set(&m.batch_size, self.lanes.len() as u64);
-        Metrics::set(
-            &m.queue_depth,
-            self.shared.queued.load(Ordering::Relaxed) as u64,
-        );
         let used: u64 = self
             .lanes
             .iter()

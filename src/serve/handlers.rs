@@ -89,9 +89,10 @@ impl AppState {
         session: Option<String>,
     ) -> Result<UnboundedReceiver<Event>, ApiError> {
         self.check_ready()?;
-        let queued = self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        if queued >= self.max_queue {
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+        let depth = &self.shared.metrics.queue_depth;
+        let queued = depth.fetch_add(1, Ordering::Relaxed);
+        if queued >= self.max_queue as u64 {
+            depth.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::unavailable(
                 format!(
                     "the queue is full ({} requests wait; --queue); retry later",
@@ -111,13 +112,9 @@ impl AppState {
             deadline: now + self.timeout,
         };
         if self.jobs.send(Work::Generate(job)).is_err() {
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            depth.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::unavailable("the engine has stopped", 30));
         }
-        Metrics::set(
-            &self.shared.metrics.queue_depth,
-            self.shared.queued.load(Ordering::Relaxed) as u64,
-        );
         Ok(rx)
     }
 

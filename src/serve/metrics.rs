@@ -55,6 +55,8 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     pub cached_prompt_tokens: AtomicU64,
+    /// Jobs sent and not yet admitted to a sequence: the queue bound
+    /// itself, so the gauge is never stale.
     pub queue_depth: AtomicU64,
     pub batch_size: AtomicU64,
     pub kv_used_tokens: AtomicU64,
