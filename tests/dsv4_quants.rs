@@ -4,7 +4,7 @@
 //! written by `generate.py` there), and their matrix-vector products
 //! through weft's expert matmul (and, for Q4_K, the dense matmul).
 
-use weft::ops::builder::Dsv4Builder;
+use weft::ops::builder::FamilyBuilder;
 use weft::ops::quant::{dequantize_row, quantize_row, vec_dot_type};
 use weft::ops::{Builder, DType, Tensor};
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};

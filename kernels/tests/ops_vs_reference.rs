@@ -198,7 +198,7 @@ fn gelu_and_layer_norm_match_reference() {
     }
 }
 
-// ---- DeepSeek-V4 ops (weft_ops::dsv4): each against its reference ----
+// ---- Family-module ops (weft_ops::family): each against its reference ----
 
 fn i32_tensor(mem: &mut HostMemory, dims: &[usize], values: &[i32]) -> Tensor {
     mem.tensor(DType::I32, dims, bytemuck::cast_slice(values))
@@ -207,7 +207,7 @@ fn i32_tensor(mem: &mut HostMemory, dims: &[usize], values: &[i32]) -> Tensor {
 
 #[test]
 fn dsv4_tail_rope_matches_reference() {
-    use weft_ops::dsv4::{TailRopeParams, YarnScaling};
+    use weft_ops::{TailRopeParams, YarnScaling};
     let mut rng = Rng::new(11);
     let mut mem = HostMemory::default();
     let (rows, heads, d) = (5, 3, 64);
@@ -247,7 +247,7 @@ fn dsv4_tail_rope_matches_reference() {
 
 #[test]
 fn dsv4_hyper_connections_match_reference() {
-    use weft_ops::dsv4::HcMixParams;
+    use weft_ops::HcMixParams;
     let mut rng = Rng::new(12);
     let mut mem = HostMemory::default();
     let (n, hc, d) = (6, 4, 64);
@@ -336,7 +336,7 @@ fn dsv4_hyper_connections_match_reference() {
 
 #[test]
 fn dsv4_compress_matches_reference() {
-    use weft_ops::dsv4::{CompressParams, TailRopeParams, YarnScaling};
+    use weft_ops::{CompressParams, TailRopeParams, YarnScaling};
     let mut rng = Rng::new(13);
     // (ratio, overlap, dc, ring, first_row, rows): the first row with
     // overlap (no previous window), a ring that wraps, plain pooling.
@@ -401,7 +401,7 @@ fn dsv4_compress_matches_reference() {
 
 #[test]
 fn dsv4_indexer_and_sink_attention_match_reference() {
-    use weft_ops::dsv4::{IndexerParams, SinkAttentionParams, TailRopeParams};
+    use weft_ops::{IndexerParams, SinkAttentionParams, TailRopeParams};
     let mut rng = Rng::new(14);
     let (heads, d, ih, id) = (4, 64, 8, 32);
     // (queries, first position, window, ring, ratio, top_k)
@@ -483,7 +483,7 @@ fn dsv4_indexer_and_sink_attention_match_reference() {
 
 #[test]
 fn dsv4_moe_ops_match_reference() {
-    use weft_ops::dsv4::{MoeRouteParams, MoeSelect, MoeWeightsParams};
+    use weft_ops::{MoeRouteParams, MoeSelect, MoeWeightsParams};
     let mut rng = Rng::new(15);
     let mut mem = HostMemory::default();
     let (n, e, k, dm, ff) = (5, 8, 2, 256, 32);

@@ -12,8 +12,8 @@ use crate::OpError;
 use std::sync::Arc;
 use weft_graph::Label;
 
-mod dsv4;
-pub use dsv4::Dsv4Builder;
+mod family;
+pub use family::FamilyBuilder;
 
 /// What a session offers the builder.
 pub trait Recorder {

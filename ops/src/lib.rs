@@ -10,7 +10,6 @@
 
 #![warn(missing_docs)]
 
-pub mod dsv4;
 pub mod dtype;
 mod error;
 pub mod fused;
@@ -21,13 +20,16 @@ pub use dtype::DType;
 pub use error::OpError;
 pub use tensor::{Shape, Tensor};
 pub mod builder;
-mod family;
+pub mod family;
 pub mod op;
 pub mod reference;
 mod rules;
 
 pub use builder::{Builder, Recorder};
-pub use family::OpFamily;
+pub use family::{
+    CompressParams, HcMixParams, IndexerParams, MoeRouteParams, MoeSelect, MoeWeightsParams,
+    OpFamily, SinkAttentionParams, TailRopeParams, YarnScaling,
+};
 pub use op::{
     AttentionParams, Op, OpNode, ProjAttentionParams, ProjWrite, RopeMode, RopeParams, RowsWrite,
 };

@@ -302,13 +302,13 @@ pub enum Op {
     /// DeepSeek-V4 rotary embedding of the last `n_dims` of each head
     /// (interleaved pairs, YaRN frequencies, optionally inverse): inputs
     /// `x f32 [n, heads * head_dim]`, `positions i32 [n]`. See
-    /// [`crate::dsv4::TailRopeParams`].
-    TailRope(crate::dsv4::TailRopeParams),
+    /// [`crate::family::TailRopeParams`].
+    TailRope(crate::family::TailRopeParams),
     /// Hyper-connection coefficients (pre, post, Sinkhorn comb) from the
     /// mixer's outputs: inputs `m f32 [n, mix]`, `scale f32 [3]` (`[1]` for
     /// the head), `base f32 [mix]`; output `f32 [n, mix]`. See
-    /// [`crate::dsv4::HcMixParams`].
-    HcMix(crate::dsv4::HcMixParams),
+    /// [`crate::family::HcMixParams`].
+    HcMix(crate::family::HcMixParams),
     /// Collapse of `hc` streams: `y = sum_k coeffs[k] x[k]`; inputs `x
     /// f32 [n, hc * d]`, `coeffs f32 [n, c >= hc]` (the first `hc` columns
     /// are used) and, with `norm_eps`, a weight `f32 [d]`: the output is
@@ -327,14 +327,14 @@ pub enum Op {
         /// Number of streams.
         hc: usize,
     },
-    /// The KV compressor's gated pooling. See [`crate::dsv4::CompressParams`].
-    Compress(crate::dsv4::CompressParams),
+    /// The KV compressor's gated pooling. See [`crate::family::CompressParams`].
+    Compress(crate::family::CompressParams),
     /// Indexer scores and top-k over compressed rows. See
-    /// [`crate::dsv4::IndexerParams`].
-    IndexerTopK(crate::dsv4::IndexerParams),
+    /// [`crate::family::IndexerParams`].
+    IndexerTopK(crate::family::IndexerParams),
     /// Attention with sinks over a window ring plus compressed rows. See
-    /// [`crate::dsv4::SinkAttentionParams`].
-    SinkAttention(crate::dsv4::SinkAttentionParams),
+    /// [`crate::family::SinkAttentionParams`].
+    SinkAttention(crate::family::SinkAttentionParams),
     /// Indexed (expert) matmul: `out[i, s] = w[ids[i, s]] @ x_row(i, s)`;
     /// inputs `x [n, k]` or `[n * slots, k]` (f32), `w [e, m, k]` (any
     /// weight type), `ids i32 [n, slots]`; output `f32 [n, slots * m]`.
@@ -342,11 +342,11 @@ pub enum Op {
     /// s` of an `[n * slots, k]` one.
     MatMulId,
     /// MoE expert selection; output `i32 [n, k]`. See
-    /// [`crate::dsv4::MoeRouteParams`].
-    MoeRoute(crate::dsv4::MoeRouteParams),
+    /// [`crate::family::MoeRouteParams`].
+    MoeRoute(crate::family::MoeRouteParams),
     /// MoE weights of the selected experts; output `f32 [n, k]`. See
-    /// [`crate::dsv4::MoeWeightsParams`].
-    MoeWeights(crate::dsv4::MoeWeightsParams),
+    /// [`crate::family::MoeWeightsParams`].
+    MoeWeights(crate::family::MoeWeightsParams),
     /// Clamped SwiGLU: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
     SwigluClamp {
         /// The clamp limit.
@@ -412,26 +412,26 @@ impl Op {
                 },
             ) => r1 == r2 && a == b,
             (Op::SinkAttention(p), Op::SinkAttention(q)) => {
-                crate::dsv4::SinkAttentionParams {
+                crate::family::SinkAttentionParams {
                     q_position: 0,
                     ..*p
-                } == crate::dsv4::SinkAttentionParams {
+                } == crate::family::SinkAttentionParams {
                     q_position: 0,
                     ..*q
                 }
             }
             (Op::IndexerTopK(p), Op::IndexerTopK(q)) => {
-                crate::dsv4::IndexerParams {
+                crate::family::IndexerParams {
                     q_position: 0,
                     ..*p
-                } == crate::dsv4::IndexerParams {
+                } == crate::family::IndexerParams {
                     q_position: 0,
                     ..*q
                 }
             }
             (Op::Compress(p), Op::Compress(q)) => {
-                crate::dsv4::CompressParams { first_row: 0, ..*p }
-                    == crate::dsv4::CompressParams { first_row: 0, ..*q }
+                crate::family::CompressParams { first_row: 0, ..*p }
+                    == crate::family::CompressParams { first_row: 0, ..*q }
             }
             _ => self == other,
         }

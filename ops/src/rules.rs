@@ -5,7 +5,7 @@ use crate::op::{is_float, Op, OpNode};
 use crate::tensor::Tensor;
 use crate::OpError;
 
-mod dsv4;
+mod family;
 
 /// Checks `node` against its op's rules.
 pub fn validate(node: &OpNode) -> Result<(), OpError> {
@@ -279,7 +279,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
                 validate(&part)?;
             }
         }
-        crate::family_ops!() => dsv4::validate(node)?,
+        crate::family_ops!() => family::validate(node)?,
         Op::Write { data } => {
             arity(0, 1)?;
             if data.len() as u64 != outs[0].bytes() {

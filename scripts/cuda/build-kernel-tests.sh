@@ -14,7 +14,7 @@ json=$(cargo test -p weft-kernels --features cuda --release --no-run --lib --tes
 pick() { # test or bench target name -> executable path
   printf '%s\n' "$json" | grep '"executable":"' | grep "\"name\":\"$1\"" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1
 }
-for t in cuda_vs_cpu cuda_dsv4 cuda_bench; do
+for t in cuda_vs_cpu cuda_family_ops cuda_bench; do
   exe=$(pick "$t")
   [ -n "$exe" ] || { echo "no executable for $t" >&2; exit 1; }
   objcopy --strip-debug "$exe" ".device/$t"

@@ -33,7 +33,7 @@ run_test() {
     failed=$((failed + 1)); status=1; echo "FAIL $1 $2$3"
   fi
 }
-for exe in cuda_vs_cpu cuda_dsv4; do
+for exe in cuda_vs_cpu cuda_family_ops; do
   [ -x "$DIR/$exe" ] || continue
   for t in $(tests_of "$exe" .); do run_test "$exe" "$t" ""; done
 done

@@ -3,8 +3,8 @@
 
 use super::HostTensor;
 use std::cell::RefCell;
-use weft_ops::dsv4::{CompressParams, IndexerParams};
 use weft_ops::OpError;
+use weft_ops::{CompressParams, IndexerParams};
 
 /// Pooled rows `rows` (of `0..p.rows`), written at `p.first_row + r` of
 /// the output table: pooled, RMS-normalised, rotated at `w * ratio`.

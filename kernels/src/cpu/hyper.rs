@@ -2,7 +2,7 @@
 //! Sinkhorn comb), the collapse of the streams and the post-mix.
 
 use super::HostTensor;
-use weft_ops::dsv4::HcMixParams;
+use weft_ops::HcMixParams;
 use weft_ops::OpError;
 
 /// # Safety

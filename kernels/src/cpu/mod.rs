@@ -11,8 +11,8 @@
 mod argmax;
 mod attention;
 mod compress;
-mod dsv4;
 mod elementwise;
+mod family;
 mod fast;
 mod fused;
 pub mod glu;
@@ -140,7 +140,7 @@ pub fn supports(node: &OpNode) -> Result<(), OpError> {
         Op::MatMul => matmul::supports(&node.inputs[1]),
         Op::QuantizeRows => rows::supports_quantize(&node.outputs[0]),
         Op::GetRows => rows::supports_get_rows(&node.inputs[0]),
-        weft_ops::family_ops!() => dsv4::supports(node),
+        weft_ops::family_ops!() => family::supports(node),
         // Attention splits by heads, quantize by rows, a matmul by weight
         // rows and a rope by rows: apart they use every thread, fused they
         // would run on one (the CPU runs such a node, made elsewhere, as its
@@ -205,7 +205,7 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         }
         Op::Gelu | Op::GeluMul => glu::split(&node.inputs[0], threads),
         Op::LayerNorm { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
-        weft_ops::family_ops!() => dsv4::split(node, threads),
+        weft_ops::family_ops!() => family::split(node, threads),
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
@@ -300,7 +300,7 @@ pub unsafe fn run_item(
         | Op::ProjAttention(_)
         | Op::MatMulRows { .. }
         | Op::MatMulSiluQuantize { .. } => fused::run_whole(node, ins, outs),
-        weft_ops::family_ops!() => dsv4::run_item(node, ins, outs, units),
+        weft_ops::family_ops!() => family::run_item(node, ins, outs, units),
         Op::Write { data } => {
             out.row_bytes_mut(0, out.tensor.rows())
                 .copy_from_slice(data);

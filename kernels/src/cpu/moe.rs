@@ -8,14 +8,14 @@
 //! formats without a matmul kernel (IQ2_XXS, MXFP4) use the reference dot
 //! products of `weft_ops::quant`.
 
-use super::dsv4::i32s;
+use super::family::i32s;
 use super::quant::{self, OutColumns, REFERENCE_WEIGHTS, SUPPORTED_WEIGHTS};
 use super::{HostTensor, WorkSplit};
 use std::cell::RefCell;
 use std::ops::Range;
-use weft_ops::dsv4::{MoeRouteParams, MoeSelect, MoeWeightsParams};
 use weft_ops::quant::vec_dot_type;
 use weft_ops::{DType, OpError, Tensor};
+use weft_ops::{MoeRouteParams, MoeSelect, MoeWeightsParams};
 
 /// Weight formats the dot products of `weft_ops::quant` cover beyond the
 /// matmul kernels'.

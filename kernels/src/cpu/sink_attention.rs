@@ -3,10 +3,10 @@
 //! a per-head sink logit in the softmax denominator. One work unit is one
 //! (query, head) pair.
 
-use super::dsv4::i32s;
+use super::family::i32s;
 use super::HostTensor;
 use std::cell::RefCell;
-use weft_ops::dsv4::SinkAttentionParams;
+use weft_ops::SinkAttentionParams;
 use weft_ops::{DType, OpError};
 
 thread_local! {

@@ -2,10 +2,10 @@
 //! (DeepSeek-V4), forward or inverse, with precomputed (YaRN) frequencies:
 //! the angle is one f32 product `p * f`, as PyTorch computes it.
 
-use super::dsv4::i32s;
+use super::family::i32s;
 use super::HostTensor;
-use weft_ops::dsv4::TailRopeParams;
 use weft_ops::OpError;
+use weft_ops::TailRopeParams;
 
 /// # Safety
 /// See [`super::run_item`]. `out` may alias `x` (each row is read before it is written).

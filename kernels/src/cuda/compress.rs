@@ -32,7 +32,7 @@ use super::launch::{
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::dsv4::{CompressParams, IndexerParams, TailRopeParams};
+use weft_ops::{CompressParams, IndexerParams, TailRopeParams};
 use weft_ops::{DType, Op, OpError, OpNode};
 
 pub(super) const KERNELS: &[&str] = &["compress_rows", "indexer_scores", "indexer_select"];

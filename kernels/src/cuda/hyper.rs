@@ -20,7 +20,7 @@ use super::launch::{
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::dsv4::HcMixParams;
+use weft_ops::HcMixParams;
 use weft_ops::{DType, Op, OpError, OpNode};
 
 pub(super) const KERNELS: &[&str] = &[

@@ -38,8 +38,8 @@
 mod argmax;
 mod attention;
 mod compress;
-mod dsv4;
 mod elementwise;
+mod family;
 mod fast;
 mod fused;
 mod hyper;
@@ -150,7 +150,7 @@ impl CudaKernels {
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,
-            &dsv4::kernels(),
+            &family::kernels(),
         ]
         .concat();
         let fns = module::Functions::load(&ctx, &names, ptx_cache)?;
@@ -229,8 +229,8 @@ impl CudaKernels {
                 format!("{} inputs", t.dtype),
             )),
         };
-        if dsv4::owns(&node.op) {
-            return dsv4::supports(node);
+        if family::owns(&node.op) {
+            return family::supports(node);
         }
         match &node.op {
             Op::MatMul => matmul::supports(node),
@@ -305,7 +305,7 @@ impl CudaKernels {
                 let q = proj_attention::scratch_bytes(node);
                 split.map_or(q, |s| q.next_multiple_of(256) + s.scratch_bytes(&p.attn))
             }
-            op if dsv4::owns(op) => dsv4::scratch_bytes(node),
+            op if family::owns(op) => family::scratch_bytes(node),
             _ => 0,
         }
     }
@@ -320,7 +320,7 @@ impl CudaKernels {
             Op::ProjAttention(p) => proj_attention::step_scalars(node, p),
             Op::SetRows { start, .. } | Op::RopeSetRows { start, .. } => vec![*start],
             Op::MatMulRows { write: Some(w), .. } => vec![w.start],
-            op if dsv4::owns(op) => dsv4::step_scalars(node),
+            op if family::owns(op) => family::step_scalars(node),
             _ => Vec::new(),
         }
     }
@@ -361,7 +361,7 @@ impl CudaKernels {
             Op::Write { .. } => Op::Write {
                 data: Arc::from(Vec::new()),
             },
-            op if dsv4::owns(op) => dsv4::structural(op),
+            op if family::owns(op) => family::structural(op),
             other => other.clone(),
         }
     }
@@ -513,7 +513,7 @@ impl CudaKernels {
             Op::RopeSetRows { rope, start, ring } => {
                 fused::rope_set_rows(self, s, rope, *start, *ring, ins, outs, step)
             }
-            op if dsv4::owns(op) => dsv4::launch(self, s, node, ins, outs, scratch, step),
+            op if family::owns(op) => family::launch(self, s, node, ins, outs, scratch, step),
             other => Err(launch::unsupported(other.name(), "this op".into())),
         }
     }

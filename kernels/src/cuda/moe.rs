@@ -21,7 +21,7 @@
 use super::launch::{bad_call, check_aligned, launch as enqueue, unsupported, Arg, BLOCK};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::dsv4::MoeSelect;
+use weft_ops::MoeSelect;
 use weft_ops::{DType, Op, OpError, OpNode, Tensor};
 
 pub(super) const KERNELS: &[&str] = &[

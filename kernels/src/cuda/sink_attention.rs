@@ -38,7 +38,7 @@ use super::launch::{
 };
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::dsv4::SinkAttentionParams;
+use weft_ops::SinkAttentionParams;
 use weft_ops::{DType, Op, OpError, OpNode, Tensor};
 
 pub(super) const KERNELS: &[&str] = &["sink_scores", "sink_attend"];

@@ -10,7 +10,7 @@
 use super::launch::{bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
-use weft_ops::dsv4::TailRopeParams;
+use weft_ops::TailRopeParams;
 use weft_ops::{DType, Op, OpError, OpNode};
 
 pub(super) const KERNELS: &[&str] = &["tail_rope_f32"];

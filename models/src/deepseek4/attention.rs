@@ -13,9 +13,9 @@ use super::forward::StepRows;
 use super::weights::{Compressor, Dsv4Layer};
 use super::DeepSeek4;
 use crate::ModelError;
-use weft_ops::builder::Dsv4Builder;
-use weft_ops::dsv4::{CompressParams, IndexerParams, SinkAttentionParams};
+use weft_ops::builder::FamilyBuilder;
 use weft_ops::{Builder, Op, Tensor};
+use weft_ops::{CompressParams, IndexerParams, SinkAttentionParams};
 use weft_runtime::cache::{KvCache, LayerCache};
 use weft_runtime::GraphSession;
 

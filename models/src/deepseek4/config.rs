@@ -6,7 +6,7 @@
 use crate::gguf::GgufFile;
 use crate::hparams::{bad_value, FloatRange, Hparams};
 use crate::ModelError;
-use weft_ops::dsv4::{TailRopeParams, YarnScaling};
+use weft_ops::{TailRopeParams, YarnScaling};
 
 /// `expert_gating_func` code for `sqrt(softplus(logit))` scores.
 pub const GATING_SQRT_SOFTPLUS: u32 = 4;

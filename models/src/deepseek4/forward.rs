@@ -15,9 +15,9 @@ use crate::finite::LayerProbe;
 use crate::step::LogitRows;
 use crate::ModelError;
 use std::ops::Range;
-use weft_ops::builder::Dsv4Builder;
-use weft_ops::dsv4::{HcMixParams, MoeRouteParams, MoeSelect, MoeWeightsParams};
+use weft_ops::builder::FamilyBuilder;
 use weft_ops::{Builder, Op, Tensor};
+use weft_ops::{HcMixParams, MoeRouteParams, MoeSelect, MoeWeightsParams};
 use weft_runtime::cache::KvCache;
 use weft_runtime::{GraphSession, PoolScope};
 

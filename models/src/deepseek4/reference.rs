@@ -16,8 +16,8 @@ use super::config::{Dsv4Config, LayerKind};
 use crate::gguf::GgufFile;
 use crate::ModelError;
 use std::collections::HashMap;
-use weft_ops::dsv4::TailRopeParams;
 use weft_ops::DType;
+use weft_ops::TailRopeParams;
 
 /// Hyper-connection coefficients of one token at one site.
 #[derive(Clone, Debug, Default, PartialEq)]

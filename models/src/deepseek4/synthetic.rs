@@ -15,8 +15,8 @@ use crate::ModelError;
 use std::io::Write;
 use std::path::Path;
 use weft_graph::synth::SplitMix64;
-use weft_ops::dsv4::YarnScaling;
 use weft_ops::DType;
+use weft_ops::YarnScaling;
 
 /// DeepSeek-V4-Flash's hyper-parameters (HF `config.json`).
 pub fn flash_config() -> Dsv4Config {

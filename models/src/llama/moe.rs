@@ -12,7 +12,7 @@ use crate::gguf::GgufFile;
 use crate::hparams::{FloatRange, Hparams};
 use crate::weights::WeightMap;
 use crate::ModelError;
-use weft_ops::builder::Dsv4Builder;
+use weft_ops::builder::FamilyBuilder;
 use weft_ops::{Builder, Tensor};
 use weft_runtime::GraphSession;
 

@@ -8,14 +8,20 @@
 //! [`Recorder`](crate::Recorder) that runs every builder call at once.
 
 mod attention;
-mod dsv4;
+mod compress;
 mod elementwise;
+mod family;
+mod hyper;
 mod interpreter;
 mod matmul;
+mod matmul_id;
+mod moe;
 mod norm;
 mod rope;
 mod route;
 mod rows;
+mod sink_attention;
+mod tail_rope;
 
 use crate::dtype::DType;
 use crate::op::{Op, OpNode};
@@ -23,10 +29,10 @@ use crate::tensor::{Shape, Tensor};
 use crate::OpError;
 use weft_graph::BufferId;
 
-pub use dsv4::{
-    compress_slots, hc_mix_row, route_top_k, select_top_k, sqrt_softplus, swiglu_clamp,
-};
+pub use compress::{compress_slots, select_top_k};
+pub use hyper::hc_mix_row;
 pub use interpreter::Interpreter;
+pub use moe::{route_top_k, sqrt_softplus, swiglu_clamp};
 pub use rope::{rope_angles, rope_angles_with_factors};
 
 /// Host buffers indexed by [`BufferId`], for reference runs and tests.
@@ -184,7 +190,7 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         Op::Argmax => elementwise::argmax(mem, &ins[0])?,
         Op::Copy => from_f32(&mem.to_f32(&ins[0])?, out.dtype)?,
         Op::Write { data } => data.to_vec(),
-        crate::family_ops!() => dsv4::run(node, mem)?,
+        crate::family_ops!() => family::run(node, mem)?,
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }

@@ -9,8 +9,8 @@
 //! ulp of a cos/sin is 6e-8; in practice the bits agree).
 
 use crate::cuda_common::*;
-use weft_ops::dsv4::{CompressParams, IndexerParams, TailRopeParams, YarnScaling};
 use weft_ops::reference::HostMemory;
+use weft_ops::{CompressParams, IndexerParams, TailRopeParams, YarnScaling};
 use weft_ops::{DType, Op, OpNode, Shape, Tensor};
 
 /// Largest |gpu - cpu| of a rotated value, relative to its pair's norm.

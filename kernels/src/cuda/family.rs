@@ -15,7 +15,7 @@ use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
 use weft_ops::{Op, OpError, OpFamily as Family, OpNode};
 
-/// The kernels of every DeepSeek-V4 family.
+/// The kernels of every family module.
 pub(super) fn kernels() -> Vec<&'static str> {
     [
         tail_rope::KERNELS,
@@ -38,7 +38,7 @@ pub(super) fn owns(op: &Op) -> bool {
     family(op).is_some()
 }
 
-/// Does CUDA run this DeepSeek-V4 node?
+/// Does CUDA run this family-module node?
 pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     match family(&node.op) {
         Some(Family::TailRope) => tail_rope::supports(node),
@@ -49,7 +49,7 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
         Some(Family::ExpertMatMul) => matmul_id::supports(node),
         None => Err(super::launch::unsupported(
             node.op.name(),
-            "the DeepSeek-V4 dispatch".into(),
+            "the family dispatch".into(),
         )),
     }
 }
@@ -76,12 +76,12 @@ pub(super) fn step_scalars(node: &OpNode) -> Vec<u32> {
 /// `op` with its step scalars cleared (see [`CudaKernels::structural`]).
 pub(super) fn structural(op: &Op) -> Op {
     match op {
-        Op::Compress(p) => Op::Compress(weft_ops::dsv4::CompressParams { first_row: 0, ..*p }),
-        Op::IndexerTopK(p) => Op::IndexerTopK(weft_ops::dsv4::IndexerParams {
+        Op::Compress(p) => Op::Compress(weft_ops::CompressParams { first_row: 0, ..*p }),
+        Op::IndexerTopK(p) => Op::IndexerTopK(weft_ops::IndexerParams {
             q_position: 0,
             ..*p
         }),
-        Op::SinkAttention(p) => Op::SinkAttention(weft_ops::dsv4::SinkAttentionParams {
+        Op::SinkAttention(p) => Op::SinkAttention(weft_ops::SinkAttentionParams {
             q_position: 0,
             ..*p
         }),
@@ -89,7 +89,7 @@ pub(super) fn structural(op: &Op) -> Op {
     }
 }
 
-/// Enqueues a DeepSeek-V4 node's kernels (see [`CudaKernels::launch`]).
+/// Enqueues a family-module node's kernels (see [`CudaKernels::launch`]).
 ///
 /// # Safety
 /// See [`CudaKernels::launch`].
@@ -111,7 +111,7 @@ pub(super) unsafe fn launch(
         Some(Family::ExpertMatMul) => matmul_id::launch(k, s, node, ins, outs),
         None => Err(super::launch::unsupported(
             node.op.name(),
-            "the DeepSeek-V4 dispatch".into(),
+            "the family dispatch".into(),
         )),
     }
 }

@@ -4,6 +4,19 @@
 //! by family, so no one else writes the variant list out:
 //! [`family_ops!`](crate::family_ops) in a match arm stands for all of
 //! them (the match stays exhaustive), [`Op::family`] names an op's family.
+//! Each family's parameters live in a module named for the family.
+
+mod compress;
+mod hyper;
+mod moe;
+mod sink_attention;
+mod tail_rope;
+
+pub use compress::{CompressParams, IndexerParams};
+pub use hyper::HcMixParams;
+pub use moe::{MoeRouteParams, MoeSelect, MoeWeightsParams};
+pub use sink_attention::SinkAttentionParams;
+pub use tail_rope::{TailRopeParams, YarnScaling};
 
 use crate::Op;
 

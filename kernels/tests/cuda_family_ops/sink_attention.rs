@@ -5,9 +5,9 @@
 //! rotated values whose bits differ is printed (expected 0 almost always).
 
 use crate::cuda_common::*;
-use weft_ops::dsv4::{SinkAttentionParams, TailRopeParams, YarnScaling};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpNode};
+use weft_ops::{SinkAttentionParams, TailRopeParams, YarnScaling};
 
 /// Relative tolerance of a rotated output column, over `|cpu| + ROPE_FLOOR`:
 /// a one-ulp change of an f32 cos or sin moves a value by about 1e-7 of

@@ -1,4 +1,4 @@
-//! Dispatch of the DeepSeek-V4 ops on the CPU (their kernels live in
+//! Dispatch of the family-module ops ([`weft_ops::OpFamily`]) on the CPU (their kernels live in
 //! `tail_rope.rs`, `hyper.rs`, `compress.rs`, `sink_attention.rs` and
 //! `moe.rs`): how each splits into work items, and which piece runs.
 
@@ -6,7 +6,7 @@ use super::{compress, hyper, moe, rows_per_item, sink_attention, tail_rope};
 use super::{HostTensor, WorkSplit};
 use weft_ops::{Op, OpError, OpNode};
 
-/// Does the CPU implement this DeepSeek-V4 node?
+/// Does the CPU implement this family-module node?
 pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     match &node.op {
         Op::MatMulId => moe::supports(&node.inputs[1]),
@@ -14,7 +14,7 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     }
 }
 
-/// How a DeepSeek-V4 node splits across `threads` threads.
+/// How a family-module node splits across `threads` threads.
 pub(super) fn split(node: &OpNode, threads: usize) -> WorkSplit {
     let by_rows = |rows: usize| WorkSplit::new(rows, rows_per_item(rows, threads));
     match &node.op {
@@ -29,7 +29,7 @@ pub(super) fn split(node: &OpNode, threads: usize) -> WorkSplit {
     }
 }
 
-/// Runs piece `units` of a DeepSeek-V4 node.
+/// Runs piece `units` of a family-module node.
 ///
 /// # Safety
 /// See [`super::run_item`].
@@ -55,7 +55,7 @@ pub(super) unsafe fn run_item(
         Op::MoeCombine => moe::combine(ins, out, units),
         other => Err(OpError::Unsupported {
             op: other.name(),
-            what: "the CPU's DeepSeek-V4 dispatch".into(),
+            what: "the CPU's family dispatch".into(),
         }),
     }
 }

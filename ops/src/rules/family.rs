@@ -1,13 +1,14 @@
-//! Shape and dtype rules of the DeepSeek-V4 ops (see [`crate::dsv4`]).
+//! Shape and dtype rules of the family-module ops (parameters in
+//! [`crate::family`]).
 
 use super::{all_f32, dtype, same_shape};
-use crate::dsv4::MoeSelect;
 use crate::dtype::DType;
+use crate::family::MoeSelect;
 use crate::op::{Op, OpNode};
 use crate::tensor::Tensor;
 use crate::OpError;
 
-/// Checks a DeepSeek-V4 op (arity already in `ins`/`outs` lengths).
+/// Checks a family-module op (arity already in `ins`/`outs` lengths).
 pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
     let name = node.op.name();
     let (ins, outs) = (&node.inputs, &node.outputs);
@@ -323,7 +324,7 @@ pub(super) fn validate(node: &OpNode) -> Result<(), OpError> {
         other => {
             return Err(OpError::Unsupported {
                 op: other.name(),
-                what: "validation as a DeepSeek-V4 op".into(),
+                what: "validation as a family-module op".into(),
             })
         }
     }

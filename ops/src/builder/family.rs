@@ -1,20 +1,20 @@
-//! Builder methods of the DeepSeek-V4 ops (see [`crate::dsv4`]), available
-//! on every [`Recorder`](crate::Recorder) through [`Dsv4Builder`].
+//! Builder methods of the family-module ops (see [`crate::family`]), available
+//! on every [`Recorder`](crate::Recorder) through [`FamilyBuilder`].
 
 use super::Builder;
-use crate::dsv4::{
+use crate::dtype::DType;
+use crate::family::{
     CompressParams, HcMixParams, IndexerParams, MoeRouteParams, MoeWeightsParams,
     SinkAttentionParams, TailRopeParams,
 };
-use crate::dtype::DType;
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::OpError;
 use weft_graph::Label;
 
-/// Recording the DeepSeek-V4 ops; each method checks the op's rules,
+/// Recording the family-module ops; each method checks the op's rules,
 /// allocates its output and records one node.
-pub trait Dsv4Builder: Builder {
+pub trait FamilyBuilder: Builder {
     /// Rotary embedding of the last `p.n_dims` of each head of `x` at `positions`.
     fn tail_rope(
         &mut self,
@@ -223,4 +223,4 @@ pub trait Dsv4Builder: Builder {
     }
 }
 
-impl<R: Builder + ?Sized> Dsv4Builder for R {}
+impl<R: Builder + ?Sized> FamilyBuilder for R {}

@@ -8,8 +8,8 @@
 //! the bounded sum (which then falls back to summing in order).
 
 use crate::cuda_common::*;
-use weft_ops::dsv4::HcMixParams;
 use weft_ops::reference::HostMemory;
+use weft_ops::HcMixParams;
 use weft_ops::{DType, Op, OpNode};
 
 /// HcMix's tolerance (see the module doc).

@@ -5,9 +5,9 @@
 //! they are held to 2 f32 ulp (see `WEIGHT_ULPS`).
 
 use super::cuda_common::*;
-use weft_ops::dsv4::{MoeRouteParams, MoeSelect, MoeWeightsParams};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpError, OpNode, Tensor};
+use weft_ops::{MoeRouteParams, MoeSelect, MoeWeightsParams};
 
 /// Router shapes `(tokens, experts, k)`: DeepSeek-V4 (256 experts, 6 used)
 /// at decode and prefill, the small configurations (8 experts k 2, 64

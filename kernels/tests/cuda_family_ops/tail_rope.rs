@@ -9,9 +9,9 @@
 //! margin); pass-through elements bit for bit.
 
 use crate::cuda_common::*;
-use weft_ops::dsv4::{TailRopeParams, YarnScaling};
 use weft_ops::reference::HostMemory;
 use weft_ops::{DType, Op, OpNode};
+use weft_ops::{TailRopeParams, YarnScaling};
 
 /// DeepSeek-V4-Flash's main rope (YaRN over theta 10000).
 fn yarn_flash() -> YarnScaling {
