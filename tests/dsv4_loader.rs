@@ -9,12 +9,13 @@ mod dsv4_common;
 
 use dsv4_common::argmax;
 use weft::models::deepseek4::synthetic::{flash_config, random_gguf, write_sparse, TensorTypes};
-use weft::models::deepseek4::{DeepSeek4, Dsv4Config, LoadOptions, RefModel};
+use weft::models::deepseek4::{DeepSeek4, Dsv4Config, LoadOptions};
 use weft::models::gguf::GgufFile;
 use weft::models::weights::WeightMap;
 use weft::models::LogitRows;
 use weft::ops::DType;
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft_testkit::deepseek4::RefModel;
 
 fn exec() -> GraphExecutor {
     GraphExecutor::with_config(

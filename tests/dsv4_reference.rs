@@ -1,4 +1,4 @@
-//! The plain f64 DeepSeek-V4 forward pass (`weft_models::deepseek4::reference`)
+//! The plain f64 DeepSeek-V4 forward pass (`weft_testkit::deepseek4`)
 //! against the fixtures' reference outputs: logits at every prompt position,
 //! argmax, per-layer streams and the per-layer debug values (hyper-connection
 //! coefficients, routing, indexer choices), and the 16-token greedy
@@ -8,8 +8,8 @@
 mod dsv4_common;
 
 use dsv4_common::{argmax, max_abs_diff, Fixture};
-use weft::models::deepseek4::RefModel;
 use weft::models::gguf::GgufFile;
+use weft_testkit::deepseek4::RefModel;
 
 const LOGITS_TOL: f64 = 1e-3;
 
@@ -67,7 +67,7 @@ fn reference_forward_matches_every_fixture() {
     }
 }
 
-fn check_debug(f: &Fixture, l: usize, d: &weft::models::deepseek4::reference::LayerDebug) {
+fn check_debug(f: &Fixture, l: usize, d: &weft_testkit::deepseek4::LayerDebug) {
     let j = &f.json["layers"][l]["debug_last_position"];
     let name = format!("{} layer {l}", f.name());
     for (site, got) in [("hc_attn", &d.hc_attn), ("hc_ffn", &d.hc_ffn)] {

@@ -4,11 +4,14 @@
 //! lists every backend harness runs ([`cases`]), the
 //! reference-file lookup ([`reference`]), the helpers that skip a test
 //! whose model or device is missing, or fail it where the run requires them
-//! ([`require`]), and checked-in schedule snapshots ([`snapshot`]).
+//! ([`require`]), checked-in schedule snapshots ([`snapshot`]), and the
+//! plain f64 DeepSeek-V4 forward pass the recorded one is tested against
+//! ([`deepseek4`]).
 //!
 //! A development dependency only: nothing here ships in `weft`.
 
 pub mod cases;
+pub mod deepseek4;
 pub mod host;
 pub mod reference;
 pub mod require;

@@ -17,21 +17,19 @@
 //! `cache.rs` (layout), `forward.rs` and `attention.rs` (the recorded
 //! forward pass), `run.rs` (steps, chunked prefill, cohorts),
 //! `synthetic.rs` (Flash-shaped stacks with blank weights, for schedule
-//! figures) and `reference.rs` (a plain f64 forward pass: the
-//! specification the recorded one is tested against).
+//! figures). The plain f64 forward pass the recorded one is tested
+//! against, its specification, is the test kit's `deepseek4` module.
 
 mod attention;
 pub mod cache;
 pub mod config;
 mod forward;
-pub mod reference;
 mod run;
 pub mod synthetic;
 pub mod weights;
 
 pub use cache::{CacheLayout, LayerSlots};
 pub use config::{Dsv4Config, LayerKind};
-pub use reference::{RefModel, RefOutput};
 pub use weights::{Dsv4Weights, LoadOptions};
 
 use crate::weights::WeightMap;

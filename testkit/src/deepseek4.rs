@@ -1,7 +1,7 @@
 //! A plain DeepSeek-V4 forward pass in f64, written straight from the
 //! fixtures' `FORMAT.md` (section 3): no graph, no cache, every position
 //! computed from the whole prompt. It pins the maths down so the recorded
-//! forward pass (`forward.rs`) has something obviously correct to be tested
+//! forward pass (`weft_models::deepseek4`) has something obviously correct to be tested
 //! against, and it reports what `reference.json` records (per-layer
 //! streams, hyper-connection coefficients, routing, indexer choices).
 //!
@@ -12,10 +12,10 @@
 //! rotated at the window start and visible from the token that completes
 //! them; the sink joins the softmax denominator only.
 
-use super::config::{Dsv4Config, LayerKind};
-use crate::gguf::GgufFile;
-use crate::ModelError;
 use std::collections::HashMap;
+use weft_models::deepseek4::{Dsv4Config, LayerKind};
+use weft_models::gguf::GgufFile;
+use weft_models::ModelError;
 use weft_ops::DType;
 use weft_ops::TailRopeParams;
 
