@@ -14,7 +14,9 @@ use weft::models::{LogitRows, Model};
 use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 
 fn main() {
-    let path = ensure(&SMOLLM2_135M_Q4_1, &mut |_| {}).expect("model");
+    let path = weft_testkit::require::fetch_config()
+        .and_then(|c| ensure(&SMOLLM2_135M_Q4_1, &c, &mut |_| {}))
+        .expect("model");
     let config = ExecutorConfig {
         threads: 1,
         ..Default::default()

@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use weft_kernels::cpu::quant::{Isa, ISA_ENV};
+use weft_models::fetch::{FetchConfig, FetchError};
 use weft_runtime::{CudaConfig, ExecutorConfig, Numerics};
 
 /// Knobs that can come from the environment.
@@ -107,6 +108,12 @@ pub const SETTINGS_VARS: [&str; 11] = [
     "WEFT_CUDA_STREAMS",
     "WEFT_CUDA_PTX_CACHE",
 ];
+
+/// Where models are cached and which Python fetches them, from the process
+/// environment (`WEFT_CACHE`, `XDG_CACHE_HOME`, `HOME`, `WEFT_PYTHON`).
+pub fn fetch_config() -> Result<FetchConfig, FetchError> {
+    FetchConfig::from_vars(|k| std::env::var_os(k))
+}
 
 /// Every variable a user can set, as [`check_environment`] checks them.
 pub fn variables() -> Vec<&'static str> {

@@ -151,7 +151,10 @@ fn a_failed_batch_step_poisons_every_lane() {
     };
     let layers = model.layers();
     drop(model);
-    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+    let path = weft_testkit::require::fetch_config()
+        .and_then(|c| {
+            weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &c, &mut |_| {})
+        })
         .expect("the model file");
     // The first ffn_gate node after two prefills (one per layer each) fails.
     let config = ExecutorConfig {

@@ -12,7 +12,10 @@ use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
 use weft_testkit::require::cuda_or_skip;
 
 fn load(device: Device) -> (GraphExecutor, Model) {
-    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+    let path = weft_testkit::require::fetch_config()
+        .and_then(|c| {
+            weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &c, &mut |_| {})
+        })
         .expect("model");
     let config = ExecutorConfig {
         threads: 2,
@@ -257,7 +260,10 @@ fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
     if !cuda_or_skip() {
         return;
     }
-    let path = weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {})
+    let path = weft_testkit::require::fetch_config()
+        .and_then(|c| {
+            weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &c, &mut |_| {})
+        })
         .expect("model");
     let config = ExecutorConfig {
         check_schedules: true,

