@@ -228,7 +228,7 @@ impl Settings {
             config.cut.layers_per_cb = Some(k);
         }
         if let Some(d) = self.graph_diag {
-            config.graph_diag = d;
+            config.diagnostics.graph_diag = d;
         }
         if let Some(f) = self.fuse {
             config.fuse = f;
@@ -486,7 +486,7 @@ mod tests {
         .unwrap();
         let c = s.executor_config();
         assert_eq!(c.threads, 3);
-        assert!(!c.reorder && !c.fuse && c.graph_diag);
+        assert!(!c.reorder && !c.fuse && c.diagnostics.graph_diag);
         assert_eq!(c.cut.layers_per_cb, Some(2));
         assert_eq!(c.numerics, Numerics::Fast);
         assert_eq!(c.cpu.isa, Some(Isa::Scalar));

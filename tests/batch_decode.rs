@@ -10,7 +10,7 @@ use common::{load_qwen2, load_smollm2, prefilled, Setup};
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
 use weft::runtime::cache::KvCache;
-use weft::runtime::{Device, ExecutorConfig, Fault, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, Fault, GraphExecutor};
 
 const CONTEXT: u32 = 128;
 const PROMPTS: [&str; 5] = [
@@ -159,10 +159,13 @@ fn a_failed_batch_step_poisons_every_lane() {
     // The first ffn_gate node after two prefills (one per layer each) fails.
     let config = ExecutorConfig {
         threads: 2,
-        fault: Some(Fault {
-            label: "ffn_gate".into(),
-            after: 2 * layers,
-        }),
+        diagnostics: DiagnosticsConfig {
+            fault: Some(Fault {
+                label: "ffn_gate".into(),
+                after: 2 * layers,
+            }),
+            ..DiagnosticsConfig::default()
+        },
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");

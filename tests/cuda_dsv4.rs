@@ -15,7 +15,7 @@ use weft::models::gguf::GgufFile;
 use weft::models::weights::WeightMap;
 use weft::models::LogitRows;
 use weft::runtime::cache::ChunkPolicy;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 const TOL: f64 = 1e-3;
 
@@ -25,7 +25,7 @@ fn setup(f: &Fixture, device: Device) -> (GraphExecutor, DeepSeek4, GgufFile) {
     let config = ExecutorConfig {
         threads: 2,
         // Every reused step plan is compared with a fresh fusion and schedule.
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(device, config).expect("executor");

@@ -7,7 +7,7 @@ mod common;
 
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 use weft_testkit::require::cuda_or_skip;
 
@@ -266,7 +266,7 @@ fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
         })
         .expect("model");
     let config = ExecutorConfig {
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     let mut gpu = GraphExecutor::with_config(Device::Cuda(0), config).expect("executor");

@@ -11,7 +11,7 @@ use weft::models::gguf::GgufFile;
 use weft::models::weights::WeightMap;
 use weft::models::LogitRows;
 use weft::runtime::cache::KvCache;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 pub fn setup(f: &Fixture, config: ExecutorConfig) -> (GraphExecutor, DeepSeek4, GgufFile) {
     let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
@@ -25,7 +25,7 @@ fn config(reorder: bool, layers_per_cb: Option<u32>) -> ExecutorConfig {
     let mut c = ExecutorConfig {
         threads: 2,
         reorder,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..ExecutorConfig::default()
     };
     c.cut.layers_per_cb = layers_per_cb;

@@ -12,12 +12,12 @@ use weft::models::gguf::GgufFile;
 use weft::models::weights::WeightMap;
 use weft::models::LogitRows;
 use weft::runtime::cache::KvCache;
-use weft::runtime::{Device, ExecutorConfig, Fault, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, Fault, GraphExecutor};
 
 fn setup(f: &Fixture) -> (GraphExecutor, DeepSeek4, GgufFile) {
     let config = ExecutorConfig {
         threads: 2,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
@@ -65,7 +65,7 @@ fn fault_mid_prefill_on_a_compressed_layer_poisons_and_replay_is_exact() {
             .expect("first chunk");
         // Layer 2 (CSA) fails in the second chunk at the compressor's
         // pooling, after this chunk's values and gates reached the rings.
-        exec.config_mut().fault = Some(Fault {
+        exec.config_mut().diagnostics.fault = Some(Fault {
             label: "blk.2.attn_compressor.pool".into(),
             after: 0,
         });

@@ -9,7 +9,7 @@ mod model;
 mod reference;
 
 use model::{Gpt2, Gpt2Config, Gpt2Values};
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 /// See `examples/gpt2/main.rs`: f32 matmuls against f64 sums (~1e-6
 /// relative) and ggml's f16-table GELU (~2^-11 relative on the MLP
@@ -22,7 +22,7 @@ fn run(threads: usize, layers_per_cb: Option<u32>, reorder: bool) -> Vec<Vec<f32
     let mut exec_config = ExecutorConfig {
         threads,
         reorder,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     exec_config.cut.layers_per_cb = layers_per_cb;

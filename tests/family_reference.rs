@@ -25,7 +25,7 @@ mod common;
 use common::reference_dir;
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor, Numerics};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor, Numerics};
 use weft_testkit::reference::read_reference_json;
 
 /// Largest difference allowed from llama.cpp's top-5 logits in exact
@@ -109,7 +109,7 @@ fn cases(family: &str) -> Vec<Case> {
 fn load(family: &str, numerics: Numerics, threads: usize) -> (GraphExecutor, Model) {
     let config = ExecutorConfig {
         threads,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         numerics,
         ..Default::default()
     };
@@ -356,7 +356,7 @@ fn schedule_logits(
 ) -> Vec<u32> {
     let mut config = ExecutorConfig {
         threads,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         reorder,
         fuse,
         ..Default::default()

@@ -18,7 +18,7 @@ mod common;
 
 use weft::models::{LogitRows, Model};
 use weft::runtime::cache::ChunkPolicy;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor, Numerics};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor, Numerics};
 
 /// Fast numerics may lose at most this much top-1 agreement, and have at
 /// most this factor of mean KL, against exact numerics' agreement with
@@ -39,7 +39,7 @@ fn executor(numerics: Numerics) -> Option<(GraphExecutor, Model)> {
     let path = weft_testkit::require::model_path(&weft::models::fetch::SMOLLM2_135M_Q4_1)?;
     let config = ExecutorConfig {
         threads: 2,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         numerics,
         ..Default::default()
     };

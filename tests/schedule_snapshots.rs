@@ -16,7 +16,7 @@ use weft::models::deepseek4::{DeepSeek4, LoadOptions};
 use weft::models::gguf::GgufFile;
 use weft::models::weights::WeightMap;
 use weft::models::LogitRows;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 use weft_testkit::snapshot::{check, render, snapshot_path};
 
 /// Decode: the position the one-token step is recorded at.
@@ -71,7 +71,7 @@ fn tiny_deepseek4_schedules_match_their_snapshots() {
         Device::Cpu,
         ExecutorConfig {
             threads: 1,
-            check_schedules: true,
+            diagnostics: DiagnosticsConfig::checked(),
             ..ExecutorConfig::default()
         },
     )

@@ -13,7 +13,7 @@ use weft::models::identity::{identity_of, ModelIdentity};
 use weft::models::sampling::argmax;
 use weft::models::{LogitRows, Model};
 use weft::runtime::cache::KvCache;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 const CONTEXT: u32 = 256;
 const STEPS: usize = 24;
@@ -121,7 +121,7 @@ fn a_deepseek4_session_saved_inside_compressor_windows_continues_exactly() {
         serde_json::from_value(reference["prompt"]["token_ids"].clone()).expect("prompt ids");
     let config = ExecutorConfig {
         threads: 2,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");

@@ -90,7 +90,7 @@ impl GraphSession<'_> {
         }
         let backend = std::sync::Arc::clone(&self.exec.backend);
         let supports = |n: &OpNode| backend.supports(n).is_ok();
-        let check = self.exec.config.check_schedules;
+        let check = self.exec.config.diagnostics.check_schedules;
         crate::fusion::fuse(
             &mut self.nodes,
             &mut self.payloads,
@@ -138,7 +138,7 @@ impl GraphSession<'_> {
         if plannable {
             if let Some(plan) = self.take_plan(&dead, strategy, |p| backend.plan_usable(p)) {
                 return self.reuse_plan(plan, |session, plan| {
-                    if session.exec.config.check_schedules {
+                    if session.exec.config.diagnostics.check_schedules {
                         let supports = |n: &OpNode| backend.supports(n).is_ok();
                         let (nodes, payloads, fresh) =
                             session.check_plan_core(plan, &dead, strategy, &supports)?;
@@ -176,7 +176,7 @@ impl GraphSession<'_> {
                 crate::widen::widen(n, p);
             }
         }
-        !timed && widened && self.exec.config.fault.is_none()
+        !timed && widened && self.exec.config.diagnostics.fault.is_none()
     }
 
     /// Takes the most recent plan this recording matches (and `usable`
@@ -233,7 +233,7 @@ impl GraphSession<'_> {
     > {
         let merges = self.run_fusion(dead, widened);
         let s = self.schedule(strategy)?;
-        if self.exec.config.graph_diag {
+        if self.exec.config.diagnostics.graph_diag {
             print_diag(&s);
         }
         let payloads = std::mem::take(&mut self.payloads)
@@ -287,7 +287,7 @@ impl GraphSession<'_> {
 
     /// This recording's payloads with a plan's merges applied.
     fn replayed_payloads(&mut self, plan: &StepPlan) -> Result<Vec<OpNode>, RuntimeError> {
-        if self.exec.config.graph_diag {
+        if self.exec.config.diagnostics.graph_diag {
             print_diag(&plan.schedule);
         }
         crate::fusion::replay(std::mem::take(&mut self.payloads), &plan.merges).ok_or_else(|| {
@@ -389,7 +389,7 @@ fn schedule_nodes(
             baseline::recorded_order_levels_fenced(slice, &fences[range])
         }),
     };
-    if config.check_schedules {
+    if config.diagnostics.check_schedules {
         checker::check(nodes, &s)?;
     }
     Ok(s)

@@ -26,12 +26,6 @@ pub struct ExecutorConfig {
     pub reorder: bool,
     /// Where command buffers are cut.
     pub cut: CutPolicy,
-    /// Run the independent checker on every schedule (on in debug builds).
-    pub check_schedules: bool,
-    /// Fault injection (tests).
-    pub fault: Option<Fault>,
-    /// Print one line per command buffer (`WEFT_GRAPH_DIAG=1`).
-    pub graph_diag: bool,
     /// Run the fusion pass before scheduling (`WEFT_FUSE=0` turns it off).
     pub fuse: bool,
     /// Whether kernels keep their fixed float order (`exact`) or may
@@ -41,6 +35,41 @@ pub struct ExecutorConfig {
     pub cpu: CpuConfig,
     /// CUDA backend settings (read only by a CUDA executor).
     pub cuda: CudaConfig,
+    /// Checks, reports and injected faults for finding problems.
+    pub diagnostics: DiagnosticsConfig,
+}
+
+/// What an executor checks and reports beyond running the work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiagnosticsConfig {
+    /// Run the independent checker on every schedule (on in debug builds).
+    pub check_schedules: bool,
+    /// Print one line per command buffer (`WEFT_GRAPH_DIAG=1`).
+    pub graph_diag: bool,
+    /// Fault injection (tests, `weft serve --inject-fault`).
+    pub fault: Option<Fault>,
+}
+
+impl DiagnosticsConfig {
+    /// The defaults with every schedule checked (what the tests run).
+    pub fn checked() -> Self {
+        Self {
+            check_schedules: true,
+            ..Self::default()
+        }
+    }
+}
+
+// Not derivable in debug builds, where schedules are checked by default.
+#[allow(clippy::derivable_impls)]
+impl Default for DiagnosticsConfig {
+    fn default() -> Self {
+        Self {
+            check_schedules: cfg!(debug_assertions),
+            graph_diag: false,
+            fault: None,
+        }
+    }
 }
 
 /// Settings of the CPU kernels.
@@ -87,13 +116,11 @@ impl Default for ExecutorConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             reorder: true,
             cut: CutPolicy::default(),
-            check_schedules: cfg!(debug_assertions),
-            fault: None,
-            graph_diag: false,
             fuse: true,
             numerics: Numerics::Exact,
             cpu: CpuConfig::default(),
             cuda: CudaConfig::default(),
+            diagnostics: DiagnosticsConfig::default(),
         }
     }
 }

@@ -32,7 +32,7 @@ mod submission;
 mod trace;
 mod widen;
 
-pub use config::{CpuConfig, CudaConfig, ExecutorConfig, Fault};
+pub use config::{CpuConfig, CudaConfig, DiagnosticsConfig, ExecutorConfig, Fault};
 pub use counters::Counters;
 pub use error::RuntimeError;
 pub use executor::{Device, GraphExecutor, Tapped};

@@ -270,7 +270,7 @@ impl<'e> GraphSession<'e> {
 
     /// Whether the node labelled `label` is the one fault injection fails.
     pub(crate) fn take_fault(&mut self, label: &str) -> bool {
-        let Some(f) = &self.exec.config.fault else {
+        let Some(f) = &self.exec.config.diagnostics.fault else {
             return false;
         };
         if !label.contains(f.label.as_str()) {
@@ -279,7 +279,7 @@ impl<'e> GraphSession<'e> {
         let hit = self.exec.fault_seen == f.after;
         self.exec.fault_seen += 1;
         if hit {
-            self.exec.config.fault = None;
+            self.exec.config.diagnostics.fault = None;
             self.exec.fault_seen = 0;
         }
         hit

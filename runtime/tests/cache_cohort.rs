@@ -136,7 +136,7 @@ fn fault_in_one_lane_poisons_every_lane_and_replay_is_exact() {
             step(&mut exec, &m, &mut cohort, t).unwrap();
         }
         // The attention of lane 2 in layer 1 fails during step 2.
-        exec.config_mut().fault = Some(Fault {
+        exec.config_mut().diagnostics.fault = Some(Fault {
             label: "blk.1.lane2.attention".into(),
             after: 0,
         });

@@ -82,7 +82,7 @@ fn restore_clears_poison_and_a_cancelled_prompt_rolls_back() {
     let mut cache = prefilled(&mut exec, &m, &prompt);
     let snap = cache.snapshot(&mut exec).unwrap();
     // A long follow-up prompt fails in its second chunk.
-    exec.config_mut().fault = Some(Fault {
+    exec.config_mut().diagnostics.fault = Some(Fault {
         label: "blk.1.attention".into(),
         after: 1,
     });

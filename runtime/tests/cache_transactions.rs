@@ -212,7 +212,7 @@ fn fault_mid_multi_layer_prefill_poisons_and_replay_is_exact() {
 
     let mut cache = m.new_cache(&mut exec, CONTEXT, CHUNK).unwrap();
     // Layer 2's SwiGLU fails in the second chunk (tokens 8..16).
-    exec.config_mut().fault = Some(Fault {
+    exec.config_mut().diagnostics.fault = Some(Fault {
         label: "blk.2.ffn_silu_mul".into(),
         after: 1,
     });
@@ -254,7 +254,7 @@ fn fault_mid_decode_poisons_and_replay_is_exact() {
         .unwrap();
     m.decode_all(&mut exec, &mut cache, &decode[..6]).unwrap();
     // The windowed layer's attention fails in the next decode step.
-    exec.config_mut().fault = Some(Fault {
+    exec.config_mut().diagnostics.fault = Some(Fault {
         label: "blk.1.attention".into(),
         after: 0,
     });

@@ -5,7 +5,9 @@
 use proptest::prelude::*;
 use weft_graph::ByteRange;
 use weft_ops::{Builder, DType, Op, OpNode, Tensor};
-use weft_runtime::{Device, ExecutorConfig, Fault, GraphExecutor, SubmissionChain};
+use weft_runtime::{
+    Device, DiagnosticsConfig, ExecutorConfig, Fault, GraphExecutor, SubmissionChain,
+};
 
 const ROWS: usize = 48;
 const COLS: usize = 32;
@@ -14,7 +16,7 @@ fn executor(threads: usize, reorder: bool) -> GraphExecutor {
     let config = ExecutorConfig {
         threads,
         reorder,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     GraphExecutor::with_config(Device::Cpu, config).unwrap()
@@ -225,7 +227,7 @@ fn seed_contract_barriers_counters_and_drop() {
 fn commit_returns_before_drain_and_the_chain_reports_the_failing_label() {
     let mut exec = executor(2, true);
     let a = exec.alloc_tensor(DType::F32, &[64, 64], "a").unwrap();
-    exec.config_mut().fault = Some(Fault {
+    exec.config_mut().diagnostics.fault = Some(Fault {
         label: "blk.2.".into(),
         after: 1,
     });

@@ -3,13 +3,13 @@
 //! else reads (or that live outside an ended pool scope) are never fused away.
 
 use weft_ops::{Builder, DType, RopeMode, RopeParams, Tensor};
-use weft_runtime::{Device, ExecutorConfig, GraphExecutor, PoolScope};
+use weft_runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor, PoolScope};
 
 fn executor(fuse: bool) -> GraphExecutor {
     let config = ExecutorConfig {
         threads: 2,
         fuse,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     GraphExecutor::with_config(Device::Cpu, config).expect("executor")

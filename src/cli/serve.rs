@@ -143,10 +143,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
 /// reuse is off under fault injection).
 fn fault_executor(args: &ModelArgs, fault: Fault) -> Result<GraphExecutor> {
     let s = args.settings()?;
-    let mut config = ExecutorConfig {
-        fault: Some(fault),
-        ..Default::default()
-    };
+    let mut config = ExecutorConfig::default();
+    config.diagnostics.fault = Some(fault);
     if let Some(t) = s.threads {
         config.threads = t.max(1);
     }

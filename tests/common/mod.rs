@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use weft::models::Model;
-use weft::runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft::runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 pub use weft_testkit::reference::{read_reference, reference_dir, reference_json};
 
 /// Each case of reference file `name` as (prompt ids, greedy ids).
@@ -75,7 +75,7 @@ pub fn load_known(
     let path = weft_testkit::require::model_path(spec)?;
     let mut config = ExecutorConfig {
         threads,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     config.cut.layers_per_cb = layers_per_cb;

@@ -137,10 +137,10 @@ pub fn max_abs_diff<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) 
 pub fn check_greedy_one_step_ahead(f: &Fixture, device: weft::runtime::Device) {
     use weft::models::LogitRows;
     use weft::runtime::cache::ChunkPolicy;
-    use weft::runtime::{ExecutorConfig, GraphExecutor};
+    use weft::runtime::{DiagnosticsConfig, ExecutorConfig, GraphExecutor};
     let config = ExecutorConfig {
         threads: 2,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(device, config).expect("executor");

@@ -7,7 +7,7 @@
 pub mod tiny;
 
 pub use tiny::{ScopeMode, Tiny, TinyConfig};
-use weft_runtime::{Device, ExecutorConfig, GraphExecutor};
+use weft_runtime::{Device, DiagnosticsConfig, ExecutorConfig, GraphExecutor};
 
 /// Worker threads of every test executor (fixed: work splits depend on it).
 pub const THREADS: usize = 2;
@@ -16,7 +16,7 @@ pub const THREADS: usize = 2;
 pub fn executor() -> GraphExecutor {
     let config = ExecutorConfig {
         threads: THREADS,
-        check_schedules: true,
+        diagnostics: DiagnosticsConfig::checked(),
         ..Default::default()
     };
     match GraphExecutor::with_config(Device::Cpu, config) {
