@@ -103,7 +103,7 @@ const TARGET_BLOCKS: usize = 3 * 132;
 const D1_SHARED_LIMIT: usize = 48 * 1024 - 3584;
 
 /// The decode kernels' formats: (blocks per ring slice, stages, bytes per
-/// row in a stage), as `MMID_D*_CFG` in matmul_id.cu.
+/// row in a stage), as `MMID_D*_CFG` in matmul_id_decode.cu.
 fn d1_ring(dtype: DType) -> Option<(usize, usize, usize)> {
     Some(match dtype {
         DType::Q8_0 => (16, 2, 544),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 19] = [
+const SOURCES: [(&str, &str); 22] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -32,8 +32,14 @@ const SOURCES: [(&str, &str); 19] = [
     ("hyper.cu", include_str!("hyper.cu")),
     ("compress.cu", include_str!("compress.cu")),
     ("sink_attention.cu", include_str!("sink_attention.cu")),
+    (
+        "sink_attention_attend.cu",
+        include_str!("sink_attention_attend.cu"),
+    ),
     ("moe.cu", include_str!("moe.cu")),
     ("matmul_id.cu", include_str!("matmul_id.cu")),
+    ("matmul_id_kquant.cu", include_str!("matmul_id_kquant.cu")),
+    ("matmul_id_decode.cu", include_str!("matmul_id_decode.cu")),
 ];
 
 /// The whole program, with `#line` markers so compiler messages name the file.

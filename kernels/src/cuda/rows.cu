@@ -188,7 +188,7 @@ extern "C" __global__ void quant_q8_1(const float* x, u8* out, int rows, int col
 // nearest(x * iscale)); d = 1 / iscale; sums of 16). Returns d, and this
 // lane's codes in `q` and in `*pair_sum` the sum of the 16 codes of lanes
 // 2k and 2k + 1; a block of zeros gives d = 0, codes 0 and sums 0. The
-// callers lay the block out (quant_q8k_warp, matmul_id.cu's decode copy).
+// callers lay the block out (quant_q8k_warp, matmul_id_decode.cu's copy).
 DEV float q8k_warp_codes(const float* v, int* q, int* pair_sum) {
     float amax = 0.0f;
 #pragma unroll

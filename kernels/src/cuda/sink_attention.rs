@@ -1,5 +1,6 @@
-//! DeepSeek-V4 attention with sinks on CUDA (see sink_attention.cu), with
-//! the CPU kernel's bits (`cpu::sink_attention`) except the output rope.
+//! DeepSeek-V4 attention with sinks on CUDA (see sink_attention.cu and
+//! sink_attention_attend.cu), with the CPU kernel's bits
+//! (`cpu::sink_attention`) except the output rope.
 //!
 //! The CPU sums each dot product in column order in f32, the softmax
 //! denominator and every output column in key order: none of these chains

@@ -10,12 +10,12 @@ use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use weft_kernels::cuda::cudarc::driver::{
-    result, sys, CudaEvent, CudaGraph, CudaStream, PinnedHostSlice,
-};
+use weft_kernels::cuda::cudarc::driver::{result, sys, CudaEvent, CudaGraph, PinnedHostSlice};
 use weft_kernels::cuda::DeviceTensor;
-use weft_kernels::{CudaTarget, Kernels};
+use weft_kernels::Kernels;
 use weft_ops::{Op, OpNode, Tensor};
+
+mod launch;
 
 /// A node resolved to device memory.
 pub(crate) struct CudaNode {
@@ -524,200 +524,6 @@ impl CudaBackend {
         }
         Ok(())
     }
-
-    /// Enqueues every node, level by level: a level's nodes go round-robin
-    /// to the streams, and the level ends with a join on the main stream.
-    /// `host` is the graph's pinned staging, taken before any capture
-    /// (taking it synchronizes, which a capturing stream refuses). The
-    /// fork/join events are returned, to be dropped once the capture ends.
-    fn launch_levels(
-        &self,
-        cb: &CudaCommandBuffer,
-        g: &CachedGraph,
-        host: &[u8],
-        capturing: bool,
-    ) -> Result<Vec<CudaEvent>, RuntimeError> {
-        let mut events = Vec::new();
-        let mut scratch = g._scratch.ptr;
-        if let Some(clock) = &g.clock {
-            mark(&clock.origin, &self.main, capturing)?;
-        }
-        for (li, level) in cb.levels.iter().enumerate() {
-            // The node the main stream runs after this level's, when a
-            // single node (a norm may let it launch early).
-            let next = cb
-                .levels
-                .get(li + 1)
-                .filter(|l| l.len() == 1)
-                .map(|l| &cb.nodes[l.start].node);
-            // Scratch in node order, as `build` sized it.
-            let scratch_at: Vec<u64> = level
-                .clone()
-                .map(|i| {
-                    let at = scratch;
-                    scratch += Kernels::scratch_bytes(&self.kernels, &cb.nodes[i].node)
-                        .next_multiple_of(256) as u64;
-                    at
-                })
-                .collect();
-            let launches = self.level_launches(cb, level.clone(), g.clock.is_none());
-            let width = launches.len().min(self.streams);
-            if width > 1 {
-                let fork = self.main.record_event(None).map_err(driver)?;
-                for s in &self.branches[..width - 1] {
-                    s.wait(&fork).map_err(driver)?;
-                }
-                events.push(fork);
-            }
-            for (k, members) in launches.iter().enumerate() {
-                let stream: &Arc<CudaStream> = if k % width == 0 {
-                    &self.main
-                } else {
-                    &self.branches[k % width - 1]
-                };
-                let step = |i: usize| g.step.ptr + 4 * g.step_offsets[i] as u64;
-                if let [i, ..] = members[..] {
-                    if members.len() > 1 {
-                        self.launch_group(stream, cb, members, step)?;
-                        continue;
-                    }
-                    let n = &cb.nodes[i];
-                    if let Some(clock) = &g.clock {
-                        mark(&clock.marks[i].0, stream, capturing)?;
-                    }
-                    self.launch_node(
-                        stream,
-                        n,
-                        g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
-                        scratch_at[i - level.start],
-                        step(i),
-                        next.filter(|_| width == 1),
-                    )?;
-                    if let Some(clock) = &g.clock {
-                        mark(&clock.marks[i].1, stream, capturing)?;
-                    }
-                }
-            }
-            if width > 1 {
-                for s in &self.branches[..width - 1] {
-                    let join = s.record_event(None).map_err(driver)?;
-                    self.main.wait(&join).map_err(driver)?;
-                    events.push(join);
-                }
-            }
-        }
-        Ok(events)
-    }
-
-    /// The launches of one level, in the order of their first nodes:
-    /// decode matvecs of one activation row together (up to
-    /// `weft_kernels::cuda::GROUP_MAX` of equal `group_key`, when `group`),
-    /// every other node alone. Timed command buffers keep a launch per node
-    /// (each node has its own events).
-    fn level_launches(
-        &self,
-        cb: &CudaCommandBuffer,
-        level: Range<usize>,
-        group: bool,
-    ) -> Vec<Vec<usize>> {
-        let mut launches: Vec<Vec<usize>> = Vec::with_capacity(level.len());
-        let mut open: Vec<(weft_kernels::cuda::GroupKey, usize)> = Vec::new();
-        for i in level {
-            let n = &cb.nodes[i];
-            let key = group
-                .then(|| self.kernels.group_key(&n.node, &n.ins))
-                .flatten();
-            let Some(key) = key else {
-                launches.push(vec![i]);
-                continue;
-            };
-            match open.iter().position(|(k, _)| *k == key) {
-                Some(o) => {
-                    let at = open[o].1;
-                    launches[at].push(i);
-                    if launches[at].len() == weft_kernels::cuda::GROUP_MAX {
-                        open.swap_remove(o);
-                    }
-                }
-                None => {
-                    open.push((key, launches.len()));
-                    launches.push(vec![i]);
-                }
-            }
-        }
-        launches
-    }
-
-    /// Launches nodes `members` of `cb` as one kernel (`level_launches`).
-    fn launch_group(
-        &self,
-        stream: &Arc<CudaStream>,
-        cb: &CudaCommandBuffer,
-        members: &[usize],
-        step: impl Fn(usize) -> u64,
-    ) -> Result<(), RuntimeError> {
-        let group: Vec<_> = members
-            .iter()
-            .map(|&i| {
-                let n = &cb.nodes[i];
-                let (rope, write) = match &n.node.op {
-                    Op::MatMulRows { rope, write } => (rope.as_ref(), *write),
-                    _ => (None, None),
-                };
-                weft_kernels::cuda::GroupMember {
-                    rope,
-                    write,
-                    ins: &n.ins,
-                    outs: &n.outs,
-                    step: step(i),
-                }
-            })
-            .collect();
-        // SAFETY: every tensor was resolved to live device memory of its size.
-        unsafe { self.kernels.launch_group(stream, &group) }.map_err(|e| {
-            let n = &cb.nodes[members[0]];
-            RuntimeError::Execution {
-                op: n.node.op.name(),
-                label: n.label.clone(),
-                message: format!("in a launch of {} nodes: {e}", members.len()),
-            }
-        })
-    }
-
-    fn launch_node(
-        &self,
-        stream: &Arc<CudaStream>,
-        n: &CudaNode,
-        staged: Option<&[u8]>,
-        scratch: u64,
-        step: u64,
-        next: Option<&OpNode>,
-    ) -> Result<(), RuntimeError> {
-        let fail = |e: weft_ops::OpError| RuntimeError::Execution {
-            op: n.node.op.name(),
-            label: n.label.clone(),
-            message: e.to_string(),
-        };
-        if let (Op::Write { data }, Some(src)) = (&n.node.op, staged) {
-            // SAFETY: the output lies in a live device buffer; `src` is pinned
-            // staging that lives as long as the graph.
-            return unsafe {
-                result::memcpy_htod_async(n.outs[0].ptr, &src[..data.len()], stream.cu_stream())
-            }
-            .map_err(driver);
-        }
-        // SAFETY: every tensor was resolved to live device memory of its size.
-        unsafe {
-            let mut at = CudaTarget {
-                stream,
-                scratch,
-                step,
-                next,
-            };
-            Kernels::launch(&self.kernels, &mut at, &n.node, &n.ins, &n.outs)
-        }
-        .map_err(fail)
-    }
 }
 
 impl CudaBackend {
@@ -730,20 +536,6 @@ impl CudaBackend {
         e.record(&self.main).map_err(driver)?;
         Ok(e)
     }
-}
-
-/// Records a timing event on `stream`; inside a capture it becomes an event
-/// record node of the graph (a plain record would only mark a dependency).
-fn mark(event: &CudaEvent, stream: &CudaStream, capturing: bool) -> Result<(), RuntimeError> {
-    let flags = if capturing {
-        sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32
-    } else {
-        sys::CUevent_record_flags_enum::CU_EVENT_RECORD_DEFAULT as u32
-    };
-    // SAFETY: both handles are live objects of this context.
-    unsafe { sys::cuEventRecordWithFlags(event.cu_event(), stream.cu_stream(), flags) }
-        .result()
-        .map_err(driver)
 }
 
 /// Each node as a trace shows it: its level and the stream
