@@ -373,69 +373,88 @@ pub enum Op {
 }
 
 impl Op {
-    /// Equal up to the values that change from one decode step to the
-    /// next: attention's query position (also sink attention's and the
+    /// The op with the values that change from one decode step to the next
+    /// cleared: attention's query position (also sink attention's and the
     /// indexer's), a cache write's first row (also the compressor's first
-    /// pooled row), a host write's bytes (of equal length). Step plans compare recordings with
-    /// it; a backend reads those values per step.
+    /// pooled row), a host write's bytes (its length is its output's).
+    /// This is the one place those values are named: step plans compare
+    /// recordings by it ([`same_structure`](Self::same_structure)), a
+    /// backend keys its captured graphs by it and reads those values per
+    /// step.
+    pub fn structural(&self) -> Op {
+        use crate::family::{CompressParams, IndexerParams, SinkAttentionParams};
+        let rows = |w: &RowsWrite| RowsWrite {
+            start: 0,
+            ring: w.ring,
+        };
+        match self {
+            Op::Write { .. } => Op::Write {
+                data: Arc::from(Vec::new()),
+            },
+            Op::Attention(p) => Op::Attention(AttentionParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::AttentionQuantize(p) => Op::AttentionQuantize(AttentionParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::ProjAttention(p) => Op::ProjAttention(Box::new(p.structural())),
+            Op::SetRows { ring, .. } => Op::SetRows {
+                start: 0,
+                ring: *ring,
+            },
+            Op::RopeSetRows { rope, ring, .. } => Op::RopeSetRows {
+                rope: *rope,
+                start: 0,
+                ring: *ring,
+            },
+            Op::MatMulRows { rope, write } => Op::MatMulRows {
+                rope: *rope,
+                write: write.as_ref().map(rows),
+            },
+            Op::SinkAttention(p) => Op::SinkAttention(SinkAttentionParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::IndexerTopK(p) => Op::IndexerTopK(IndexerParams {
+                q_position: 0,
+                ..*p
+            }),
+            Op::Compress(p) => Op::Compress(CompressParams { first_row: 0, ..*p }),
+            other => other.clone(),
+        }
+    }
+
+    /// Whether [`structural`](Self::structural) clears anything of this op.
+    fn has_step_values(&self) -> bool {
+        matches!(
+            self,
+            Op::Write { .. }
+                | Op::Attention(_)
+                | Op::AttentionQuantize(_)
+                | Op::ProjAttention(_)
+                | Op::SetRows { .. }
+                | Op::RopeSetRows { .. }
+                | Op::MatMulRows { write: Some(_), .. }
+                | Op::SinkAttention(_)
+                | Op::IndexerTopK(_)
+                | Op::Compress(_)
+        )
+    }
+
+    /// Equal up to the values that change from one decode step to the next
+    /// (those [`structural`](Self::structural) clears; host writes of equal
+    /// length). Step plans compare recordings with it.
     pub fn same_structure(&self, other: &Op) -> bool {
         match (self, other) {
             (Op::Write { data: x }, Op::Write { data: y }) => x.len() == y.len(),
-            (Op::Attention(p), Op::Attention(q))
-            | (Op::AttentionQuantize(p), Op::AttentionQuantize(q)) => {
-                AttentionParams {
-                    q_position: 0,
-                    ..*p
-                } == AttentionParams {
-                    q_position: 0,
-                    ..*q
-                }
-            }
             (Op::ProjAttention(p), Op::ProjAttention(q)) => p.structural() == q.structural(),
-            (Op::SetRows { ring: a, .. }, Op::SetRows { ring: b, .. }) => a == b,
-            (
-                Op::MatMulRows {
-                    rope: r1,
-                    write: w1,
-                },
-                Op::MatMulRows {
-                    rope: r2,
-                    write: w2,
-                },
-            ) => r1 == r2 && w1.map(|w| w.ring) == w2.map(|w| w.ring),
-            (
-                Op::RopeSetRows {
-                    rope: r1, ring: a, ..
-                },
-                Op::RopeSetRows {
-                    rope: r2, ring: b, ..
-                },
-            ) => r1 == r2 && a == b,
-            (Op::SinkAttention(p), Op::SinkAttention(q)) => {
-                crate::family::SinkAttentionParams {
-                    q_position: 0,
-                    ..*p
-                } == crate::family::SinkAttentionParams {
-                    q_position: 0,
-                    ..*q
-                }
-            }
-            (Op::IndexerTopK(p), Op::IndexerTopK(q)) => {
-                crate::family::IndexerParams {
-                    q_position: 0,
-                    ..*p
-                } == crate::family::IndexerParams {
-                    q_position: 0,
-                    ..*q
-                }
-            }
-            (Op::Compress(p), Op::Compress(q)) => {
-                crate::family::CompressParams { first_row: 0, ..*p }
-                    == crate::family::CompressParams { first_row: 0, ..*q }
-            }
+            _ if self.has_step_values() => self.structural() == other.structural(),
             _ => self == other,
         }
     }
+
     /// Whether the op writes rows of a cache (`set_rows`, alone or fused;
     /// the compressor's rows of a row table): its first row is a step
     /// value, and it writes only some rows of its destination, so it
@@ -602,4 +621,116 @@ fn set_rows_ranges(dst: &Tensor, n: usize, start: u32, ring: Option<u32>) -> Vec
 /// True for the plain float types kernels read as values.
 pub fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::SinkAttentionParams;
+
+    fn attention(q_position: u32, window: Option<u32>) -> AttentionParams {
+        AttentionParams {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            scale: 0.5,
+            q_position,
+            window,
+            ring: None,
+            softcap: 0.0,
+            kv_capacity: 0,
+            flash: true,
+        }
+    }
+
+    /// Per-step values are the only thing `structural` clears: ops that
+    /// differ in one compare equal, ops that differ in anything else do not.
+    #[test]
+    fn structure_ignores_step_values_only() {
+        let sink = |q_position, window| {
+            Op::SinkAttention(SinkAttentionParams {
+                heads: 4,
+                head_dim: 8,
+                scale: 0.5,
+                q_position,
+                window,
+                ring: 8,
+                ratio: 0,
+                top_k: 0,
+                out_rope: None,
+            })
+        };
+        let rows = |start, ring| Op::MatMulRows {
+            rope: None,
+            write: Some(RowsWrite { start, ring }),
+        };
+        let same = [
+            (
+                Op::Attention(attention(3, None)),
+                Op::Attention(attention(9, None)),
+            ),
+            (
+                Op::SetRows {
+                    start: 1,
+                    ring: None,
+                },
+                Op::SetRows {
+                    start: 7,
+                    ring: None,
+                },
+            ),
+            (rows(2, Some(8)), rows(5, Some(8))),
+            (sink(1, 4), sink(6, 4)),
+            (
+                Op::Write {
+                    data: Arc::from(vec![1u8, 2]),
+                },
+                Op::Write {
+                    data: Arc::from(vec![3u8, 4]),
+                },
+            ),
+        ];
+        for (a, b) in &same {
+            assert!(a.same_structure(b), "{a:?} vs {b:?}");
+            assert_eq!(a.structural(), b.structural());
+        }
+        let different = [
+            (
+                Op::Attention(attention(3, None)),
+                Op::Attention(attention(3, Some(4))),
+            ),
+            (
+                Op::SetRows {
+                    start: 1,
+                    ring: None,
+                },
+                Op::SetRows {
+                    start: 1,
+                    ring: Some(8),
+                },
+            ),
+            (rows(2, Some(8)), rows(2, None)),
+            (
+                rows(2, None),
+                Op::MatMulRows {
+                    rope: None,
+                    write: None,
+                },
+            ),
+            (sink(1, 4), sink(1, 5)),
+            (
+                Op::Write {
+                    data: Arc::from(vec![1u8]),
+                },
+                Op::Write {
+                    data: Arc::from(vec![1u8, 2]),
+                },
+            ),
+            (Op::MatMul, Op::Argmax),
+        ];
+        for (a, b) in &different {
+            assert!(!a.same_structure(b), "{a:?} vs {b:?}");
+            assert!(!b.same_structure(a), "{b:?} vs {a:?}");
+        }
+    }
 }

@@ -73,22 +73,6 @@ pub(super) fn step_scalars(node: &OpNode) -> Vec<u32> {
     }
 }
 
-/// `op` with its step scalars cleared (see [`CudaKernels::structural`]).
-pub(super) fn structural(op: &Op) -> Op {
-    match op {
-        Op::Compress(p) => Op::Compress(weft_ops::CompressParams { first_row: 0, ..*p }),
-        Op::IndexerTopK(p) => Op::IndexerTopK(weft_ops::IndexerParams {
-            q_position: 0,
-            ..*p
-        }),
-        Op::SinkAttention(p) => Op::SinkAttention(weft_ops::SinkAttentionParams {
-            q_position: 0,
-            ..*p
-        }),
-        other => other.clone(),
-    }
-}
-
 /// Enqueues a family-module node's kernels (see [`CudaKernels::launch`]).
 ///
 /// # Safety

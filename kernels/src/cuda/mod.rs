@@ -325,45 +325,11 @@ impl CudaKernels {
         }
     }
 
-    /// `op` with the values [`step_scalars`](Self::step_scalars) carries (and
-    /// a host write's bytes, staged per step) cleared: what a captured graph
-    /// depends on. Two nodes with equal structural ops replay one graph.
+    /// What a captured graph depends on: `op` with its per-step values
+    /// cleared ([`Op::structural`]), which [`step_scalars`](Self::step_scalars)
+    /// carries instead. Two nodes with equal structural ops replay one graph.
     pub fn structural(&self, op: &Op) -> Op {
-        match op {
-            Op::Attention(p) => Op::Attention(weft_ops::AttentionParams {
-                q_position: 0,
-                ..*p
-            }),
-            Op::AttentionQuantize(p) => Op::AttentionQuantize(weft_ops::AttentionParams {
-                q_position: 0,
-                ..*p
-            }),
-            Op::ProjAttention(p) => Op::ProjAttention(Box::new(p.structural())),
-            Op::MatMulRows {
-                rope,
-                write: Some(w),
-            } => Op::MatMulRows {
-                rope: *rope,
-                write: Some(weft_ops::RowsWrite {
-                    start: 0,
-                    ring: w.ring,
-                }),
-            },
-            Op::SetRows { ring, .. } => Op::SetRows {
-                start: 0,
-                ring: *ring,
-            },
-            Op::RopeSetRows { rope, ring, .. } => Op::RopeSetRows {
-                rope: *rope,
-                start: 0,
-                ring: *ring,
-            },
-            Op::Write { .. } => Op::Write {
-                data: Arc::from(Vec::new()),
-            },
-            op if family::owns(op) => family::structural(op),
-            other => other.clone(),
-        }
+        op.structural()
     }
 
     /// One-time preparation outside graph capture: uploads the rope angle
