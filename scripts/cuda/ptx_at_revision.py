@@ -40,9 +40,10 @@ def compile_ptx(lib, source, arch):
     status = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), None, 0, None, None)
     if status:
         sys.exit(f"nvrtcCreateProgram failed ({status})")
-    # module.rs's compile_options, in the form cudarc passes them.
-    opts = [f"--gpu-architecture={arch}", "--std=c++17", "--diag-suppress=177",
-            "--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false"]
+    # module.rs's compile_options, in the order cudarc passes them (the
+    # order shows in the PTX's register numbering).
+    opts = ["--ftz=false", "--prec-sqrt=true", "--prec-div=true", "--fmad=false",
+            f"--gpu-architecture={arch}", "--std=c++17", "--diag-suppress=177"]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts]))
     size = ctypes.c_size_t()
     if status:

@@ -1,7 +1,8 @@
 //! What weft's tests share, in one place so that no test carries its own
 //! copy: a deterministic random generator ([`Rng`]), host tensors and the
 //! CPU kernels and reference semantics run on them ([`host`]), the op case
-//! lists every backend harness runs ([`cases`]), the
+//! lists every backend harness runs ([`cases`]) and the checks several
+//! test binaries run ([`checks`]), the
 //! reference-file lookup ([`reference`]), the helpers that skip a test
 //! whose model or device is missing, or fail it where the run requires them
 //! ([`require`]), checked-in schedule snapshots ([`snapshot`]), and the
@@ -11,6 +12,7 @@
 //! A development dependency only: nothing here ships in `weft`.
 
 pub mod cases;
+pub mod checks;
 pub mod deepseek4;
 pub mod host;
 pub mod reference;
