@@ -7,7 +7,9 @@
 //! passes, so a noisy machine's slow passes drop out), the cache bytes read
 //! per microsecond, and fast's speed-up over exact. Threads claim work items
 //! from one counter, as the runtime's workers do. `WEFT_TEST_BENCH_FILTER`
-//! keeps the rows whose name contains one of its comma-separated words.
+//! keeps the rows whose name contains one of its comma-separated words;
+//! `WEFT_CPU_ISA` caps the instruction set (`avx2` times the AVX2 path on
+//! an AVX-512 machine, `scalar` the portable one).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -119,6 +121,13 @@ fn time(node: &OpNode, mem: &mut HostMemory, threads: usize, numerics: Numerics)
 }
 
 fn main() {
+    // The kernels read no environment: the bench applies `WEFT_CPU_ISA`.
+    let cap = cpu::quant::Isa::from_env_value(std::env::var_os(cpu::quant::ISA_ENV))
+        .and_then(cpu::quant::Isa::select);
+    if let Err(e) = cap {
+        eprintln!("{e}");
+        std::process::exit(2);
+    }
     // `cargo bench` passes `--bench`; nothing else is read from the args.
     let filter: Vec<String> = std::env::var("WEFT_TEST_BENCH_FILTER")
         .map(|f| f.split(',').map(str::to_string).collect())

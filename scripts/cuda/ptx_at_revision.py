@@ -3,9 +3,11 @@
 GPU and without building weft: the sources in the order and with the
 `#line` markers `kernels/src/cuda/module.rs` joins them, and its options.
 
-Two revisions whose PTX is byte-identical run identical kernels, so a
-refactor of the CUDA sources (a file split, a comment) can be checked on a
-machine with no device:
+Two revisions whose PTX (from this script, one compiler) is byte-identical
+run identical kernels, so a refactor of the CUDA sources (a file split, a
+comment) can be checked on a machine with no device. (weft's own compile,
+through cudarc, may number a few virtual registers differently; compare
+revisions with this script, not with a runtime's PTX cache.)
 
     pip download --no-deps --only-binary=:all: nvidia-cuda-nvrtc -d /tmp/nvrtc
     (cd /tmp/nvrtc && python3 -m zipfile -e nvidia_cuda_nvrtc-*.whl x)
