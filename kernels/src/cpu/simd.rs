@@ -21,6 +21,7 @@ fn avx512() -> bool {
 }
 
 /// Sum of 16 lanes in `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
+#[inline(always)]
 pub fn reduce16(x: &[f32; LANES]) -> f32 {
     let mut t8 = [0f32; 8];
     for i in 0..8 {
@@ -128,6 +129,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 
 /// ggml's AVX-512 `ggml_v_expf` for one lane: a degree-5 polynomial on the
 /// reduced argument and an exact scaling by `2^n` (max error ~1.5 ulp).
+#[inline(always)]
 pub fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
@@ -149,6 +151,7 @@ pub fn v_expf(x: f32) -> f32 {
 }
 
 /// `j * 2^n` for integral `n` in [-192, 192], rounded once (as `vscalefps`).
+#[inline(always)]
 fn scalef(j: f32, n: f32) -> f32 {
     let n = n as i32;
     // Two exact power-of-two factors keep every step in f64's range.
@@ -210,6 +213,14 @@ pub fn exp_tile64(kq: &mut [f32; 64], max: f32) -> f64 {
         // SAFETY: AVX-512F is available; kq holds 64 values.
         return unsafe { x86::exp_tile64(kq.as_mut_ptr(), max) };
     }
+    exp_tile64_portable(kq, max)
+}
+
+/// [`exp_tile64`] without AVX-512. Inlined, so a caller compiled with the
+/// `fma` target feature fuses its multiply-adds in hardware (without it,
+/// each `mul_add` is a library call).
+#[inline(always)]
+pub fn exp_tile64_portable(kq: &mut [f32; 64], max: f32) -> f64 {
     let mut sum = 0f64;
     for chunk in kq.chunks_exact_mut(LANES) {
         let mut lanes = [0f32; LANES];
