@@ -4,7 +4,8 @@
 //! llama.cpp's where the inputs do.
 //!
 //! Each helper has a scalar definition (the specification, and the path
-//! for CPUs without AVX-512) and an AVX-512 version computing the same bits.
+//! for CPUs without AVX2), an AVX-512 version and an AVX2 version
+//! ([`avx2`]), all computing the same bits.
 
 #[cfg(target_arch = "x86_64")]
 use super::quant::Isa;
@@ -13,11 +14,22 @@ use half::f16;
 const LANES: usize = 16;
 const STEP: usize = 4 * LANES;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
 /// True when the AVX-512 paths run (decided once per process).
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVX512.get_or_init(|| matches!(Isa::detect(), Ok(Isa::Avx512)))
+}
+
+/// True when the AVX2 paths run: AVX2 with FMA and F16C, but not AVX-512
+/// (decided once per process).
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| matches!(Isa::detect(), Ok(Isa::Avx2)))
 }
 
 /// Sum of 16 lanes in `_mm512_reduce_add_ps`'s order: halves, quarters, pairs.
@@ -68,6 +80,11 @@ pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
         // SAFETY: AVX-512F is available (checked above); both slices hold n elements.
         return unsafe { x86::dot_f16(a.as_ptr(), b.as_ptr(), n) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2, FMA and F16C are available; both slices hold n elements.
+        return unsafe { avx2::dot_f16(a.as_ptr(), b.as_ptr(), n) };
+    }
     dot_ggml(n, |i| (a[i].to_f32(), b[i].to_f32()))
 }
 
@@ -83,6 +100,11 @@ pub fn scale_f16(y: &mut [f16], s: f32) {
         // SAFETY: AVX-512F is available; the pointer covers y.len() elements.
         return unsafe { x86::scale_f16(y.as_mut_ptr(), y.len(), s) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2 and F16C are available; the pointer covers y.len() elements.
+        return unsafe { avx2::scale_f16(y.as_mut_ptr(), y.len(), s) };
+    }
     for v in y {
         *v = f16::from_f32(v.to_f32() * s);
     }
@@ -95,6 +117,11 @@ pub fn mad_f16(y: &mut [f16], x: &[f16], s: f32) {
     if avx512() {
         // SAFETY: AVX-512F is available; both pointers cover n elements.
         return unsafe { x86::mad_f16(y.as_mut_ptr(), x.as_ptr(), n, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2, FMA and F16C are available; both pointers cover n elements.
+        return unsafe { avx2::mad_f16(y.as_mut_ptr(), x.as_ptr(), n, s) };
     }
     for (v, xi) in y[..n].iter_mut().zip(&x[..n]) {
         *v = f16::from_f32(xi.to_f32().mul_add(s, v.to_f32()));
@@ -115,6 +142,11 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let start = n - n % LANES;
         // SAFETY: AVX-512F is available; the slices hold at least `start` elements.
         unsafe { x86::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), start) };
+        start
+    } else if avx2() {
+        let start = n - n % 8;
+        // SAFETY: AVX2 and FMA are available; the slices hold at least `start` elements.
+        unsafe { avx2::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), start) };
         start
     } else {
         0
@@ -168,6 +200,11 @@ pub fn axpy(acc: &mut [f32], p: f32, v: &[f32]) {
         // SAFETY: AVX-512F is available; both slices hold acc.len() elements.
         return unsafe { x86::axpy(acc.as_mut_ptr(), p, v.as_ptr(), acc.len()) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() && acc.len().is_multiple_of(8) && v.len() >= acc.len() {
+        // SAFETY: AVX2 and FMA are available; both slices hold acc.len() elements.
+        return unsafe { avx2::axpy(acc.as_mut_ptr(), p, v.as_ptr(), acc.len()) };
+    }
     for (a, x) in acc.iter_mut().zip(v) {
         *a = p.mul_add(*x, *a);
     }
@@ -181,6 +218,11 @@ pub fn accumulate(acc: &mut [f32], p: &[f32], vals: &[f32], keys: usize) {
     if avx512() && d.is_multiple_of(LANES) && d <= 256 {
         // SAFETY: AVX-512F is available; vals holds keys * d values, p holds keys.
         return unsafe { x86::accumulate(acc.as_mut_ptr(), d, p.as_ptr(), vals.as_ptr(), keys) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() && d.is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA are available; vals holds keys * d values, p holds keys.
+        return unsafe { avx2::accumulate(acc.as_mut_ptr(), d, p.as_ptr(), vals.as_ptr(), keys) };
     }
     for j in 0..keys {
         for (a, x) in acc.iter_mut().zip(&vals[j * d..(j + 1) * d]) {
@@ -196,6 +238,11 @@ pub fn scores64(q: &[f32], kt: &[f32], kq: &mut [f32; 64]) {
     if avx512() {
         // SAFETY: AVX-512F is available; kt holds q.len() * 64 values.
         return unsafe { x86::scores64(q.as_ptr(), q.len(), kt.as_ptr(), kq.as_mut_ptr()) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2 and FMA are available; kt holds q.len() * 64 values.
+        return unsafe { avx2::scores64(q.as_ptr(), q.len(), kt.as_ptr(), kq.as_mut_ptr()) };
     }
     kq.fill(0.0);
     for (d, qd) in q.iter().enumerate() {
@@ -213,14 +260,11 @@ pub fn exp_tile64(kq: &mut [f32; 64], max: f32) -> f64 {
         // SAFETY: AVX-512F is available; kq holds 64 values.
         return unsafe { x86::exp_tile64(kq.as_mut_ptr(), max) };
     }
-    exp_tile64_portable(kq, max)
-}
-
-/// [`exp_tile64`] without AVX-512. Inlined, so a caller compiled with the
-/// `fma` target feature fuses its multiply-adds in hardware (without it,
-/// each `mul_add` is a library call).
-#[inline(always)]
-pub fn exp_tile64_portable(kq: &mut [f32; 64], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2 and FMA are available; kq holds 64 values.
+        return unsafe { avx2::exp_tile64(kq.as_mut_ptr(), max) };
+    }
     let mut sum = 0f64;
     for chunk in kq.chunks_exact_mut(LANES) {
         let mut lanes = [0f32; LANES];

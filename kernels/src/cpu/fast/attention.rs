@@ -215,7 +215,7 @@ unsafe fn group_partials(
                 mask_and_scale(ctx, &mut kq, tile.clone(), pos);
                 let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
                 let a = &mut acc[slot * d..(slot + 1) * d];
-                if !softmax_step(&mut kq, tile_max, &mut m[slot], &mut s[slot], a, exp_tile64) {
+                if !softmax_step(&mut kq, tile_max, &mut m[slot], &mut s[slot], a) {
                     continue;
                 }
                 for (j, c) in tile.clone().enumerate() {
@@ -238,15 +238,12 @@ unsafe fn group_partials(
 /// running max `m` raised to the tile's (rescaling the running sum `s` and
 /// output `acc`), the scores `kq` turned into weights and added to `s`.
 /// False, with nothing changed, when the row sees no cell of the tile.
-/// `exp` is [`exp_tile64`] or a vector path's own (the same values).
-#[inline(always)]
 fn softmax_step(
     kq: &mut [f32; TILE],
     tile_max: f32,
     m: &mut f32,
     s: &mut f32,
     acc: &mut [f32],
-    exp: impl FnOnce(&mut [f32; TILE], f32) -> f64,
 ) -> bool {
     if tile_max == f32::NEG_INFINITY {
         return false;
@@ -257,7 +254,7 @@ fn softmax_step(
         *s *= rescale;
         *m = tile_max;
     }
-    *s += exp(kq, *m) as f32;
+    *s += exp_tile64(kq, *m) as f32;
     true
 }
 

@@ -71,8 +71,6 @@ trait Lanes {
     /// Lane `i` of the result is the sum of the lanes of `x[i]`, for the
     /// first `LANES` entries of `x`.
     unsafe fn sum_lanes(x: &[Self::V; 16]) -> Self::V;
-    /// [`exp_tile64`](crate::cpu::simd::exp_tile64)'s values and sum.
-    unsafe fn exp_tile(kq: &mut [f32; TILE], max: f32) -> f64;
 }
 
 struct Avx512;
@@ -138,10 +136,6 @@ impl Lanes for Avx512 {
         };
         fold(fold(quads[0], quads[1]), fold(quads[2], quads[3]))
     }
-    #[inline(always)]
-    unsafe fn exp_tile(kq: &mut [f32; TILE], max: f32) -> f64 {
-        crate::cpu::simd::x86::exp_tile64(kq.as_mut_ptr(), max)
-    }
 }
 
 struct Avx2;
@@ -203,11 +197,6 @@ impl Lanes for Avx2 {
             _mm256_permute2f128_ps::<0x20>(lo, hi),
             _mm256_permute2f128_ps::<0x31>(lo, hi),
         )
-    }
-    #[inline(always)]
-    unsafe fn exp_tile(kq: &mut [f32; TILE], max: f32) -> f64 {
-        // The portable exponentials, inlined here under FMA.
-        crate::cpu::simd::exp_tile64_portable(kq, max)
     }
 }
 
@@ -288,10 +277,7 @@ unsafe fn chunk_partials<S: Lanes>(
                     mask_and_scale(ctx, kq, tile.clone(), first_pos + t);
                     let tile_max = max_of_tile::<S>(kq);
                     let a = &mut acc[slot * d..(slot + 1) * d];
-                    live[slot] =
-                        softmax_step(kq, tile_max, &mut m[slot], &mut s[slot], a, |kq, m| {
-                            S::exp_tile(kq, m)
-                        });
+                    live[slot] = softmax_step(kq, tile_max, &mut m[slot], &mut s[slot], a);
                     if !live[slot] {
                         kq.fill(0.0);
                     }
