@@ -237,6 +237,11 @@ fn scores(q_t: &[f32], keys: &[f32], d: usize, n_keys: usize, out: &mut [f32]) {
         // n_keys * d, out 64 * 64.
         return unsafe { x86::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr()) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2() {
+        // SAFETY: AVX2 and FMA are available; sizes as above.
+        return unsafe { avx2::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr()) };
+    }
     for j in 0..n_keys {
         let row = &mut out[j * TILE..(j + 1) * TILE];
         row.fill(0.0);
@@ -256,6 +261,11 @@ fn exp_rows(x: &mut [f32], base: &[f32; TILE]) {
         // SAFETY: AVX-512F is available; x holds whole rows of 64.
         return unsafe { x86::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2() {
+        // SAFETY: AVX2 and FMA are available; x holds whole rows of 64.
+        return unsafe { avx2::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
+    }
     for row in x.chunks_exact_mut(TILE) {
         for (v, b) in row.iter_mut().zip(base) {
             *v = super::super::simd::v_expf(*v - b);
@@ -271,6 +281,13 @@ fn accumulate(p: &[f32], vals: &[f32], d: usize, n_keys: usize, nr: usize, acc: 
         // n_keys * d values, acc nr * d.
         return unsafe {
             x86::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2() && d.is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA are available; sizes as above.
+        return unsafe {
+            avx2::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
         };
     }
     for i in 0..nr {
@@ -356,6 +373,87 @@ mod x86 {
             }
             for (c, x) in r.iter().enumerate().take(lanes) {
                 _mm512_storeu_ps(a.add(16 * c), *x);
+            }
+        }
+    }
+}
+
+/// The AVX2 versions of the three loops (8-lane registers, FMA).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::TILE;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores(
+        q_t: *const f32,
+        keys: *const f32,
+        d: usize,
+        n_keys: usize,
+        out: *mut f32,
+    ) {
+        for j in 0..n_keys {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let k = keys.add(j * d);
+            for dd in 0..d {
+                let kv = _mm256_set1_ps(*k.add(dd));
+                let qrow = q_t.add(dd * TILE);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qrow.add(8 * c)), kv, *a);
+                }
+            }
+            for (c, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(j * TILE + 8 * c), *a);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_rows(x: *mut f32, rows: usize, base: *const f32) {
+        for c in 0..8 {
+            let b = _mm256_loadu_ps(base.add(8 * c));
+            for j in 0..rows {
+                let p = x.add(j * TILE + 8 * c);
+                let v = crate::cpu::simd::avx2::v_expf(_mm256_sub_ps(_mm256_loadu_ps(p), b));
+                _mm256_storeu_ps(p, v);
+            }
+        }
+    }
+
+    /// Row by row, 64 columns of the row's outputs in registers at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn accumulate(
+        p: *const f32,
+        vals: *const f32,
+        d: usize,
+        n_keys: usize,
+        nr: usize,
+        acc: *mut f32,
+    ) {
+        for i in 0..nr {
+            let mut c0 = 0;
+            while c0 < d {
+                let regs = ((d - c0) / 8).min(8);
+                let a = acc.add(i * d + c0);
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (c, x) in r.iter_mut().enumerate().take(regs) {
+                    *x = _mm256_loadu_ps(a.add(8 * c));
+                }
+                for j in 0..n_keys {
+                    let w = *p.add(j * TILE + i);
+                    if w == 0.0 {
+                        continue;
+                    }
+                    let wv = _mm256_set1_ps(w);
+                    let v = vals.add(j * d + c0);
+                    for (c, x) in r.iter_mut().enumerate().take(regs) {
+                        *x = _mm256_fmadd_ps(_mm256_loadu_ps(v.add(8 * c)), wv, *x);
+                    }
+                }
+                for (c, x) in r.iter().enumerate().take(regs) {
+                    _mm256_storeu_ps(a.add(8 * c), *x);
+                }
+                c0 += 8 * regs;
             }
         }
     }

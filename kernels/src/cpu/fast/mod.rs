@@ -12,3 +12,11 @@ fn avx512() -> bool {
     static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVX512.get_or_init(|| matches!(super::quant::Isa::detect(), Ok(super::quant::Isa::Avx512)))
 }
+
+/// True when the AVX2 paths run: AVX2 with FMA and F16C, not AVX-512
+/// (decided once per process).
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| matches!(super::quant::Isa::detect(), Ok(super::quant::Isa::Avx2)))
+}

@@ -109,7 +109,7 @@ unsafe fn scalef(j: __m256, n: __m256) -> __m256 {
 
 /// ggml's AVX-512 `ggml_v_expf`, lane for lane (see `super::v_expf`).
 #[inline(always)]
-unsafe fn v_expf(x: __m256) -> __m256 {
+pub(crate) unsafe fn v_expf(x: __m256) -> __m256 {
     let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
     let r = c(0x4b40_0000);
     let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
