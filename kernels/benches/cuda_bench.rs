@@ -377,10 +377,7 @@ fn main() {
     // prefill 512
     let n = 512;
     let xp = rng.rows(n, d);
-    cases.push(matvec_case(&mut rng, DType::Q4_1, 576, 576, n));
     cases.push(matvec_case(&mut rng, DType::Q4_1, 192, 576, n));
-    cases.push(matvec_case(&mut rng, DType::Q4_1, 1536, 576, n));
-    cases.push(matvec_case(&mut rng, DType::Q4_1, 576, 1536, n));
     cases.push(attention_case(&mut rng, n, 0));
     cases.push(simple_case("rms_norm 512x576", |m| {
         let x = m.f32_tensor(&[n, d], &xp).unwrap();
@@ -409,8 +406,25 @@ fn main() {
         let rp = RopeParams::plain(RopeMode::Normal, 64, 64, 100000.0);
         (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
     }));
+    // Prefill products of every format the tensor-core kernel takes
+    // (SmolLM2's and Gemma 3's shapes), timed in both numerics modes below.
+    let mut prefill = vec![
+        matvec_case(&mut rng, DType::Q4_1, 576, 576, n),
+        matvec_case(&mut rng, DType::Q4_1, 1536, 576, n),
+        matvec_case(&mut rng, DType::Q4_1, 576, 1536, n),
+        matvec_case(&mut rng, DType::Q4_1, 576, 576, 4096),
+        matvec_case(&mut rng, DType::Q4_0, 1536, 576, n),
+        matvec_case(&mut rng, DType::Q5_0, 1536, 576, n),
+        matvec_case(&mut rng, DType::Q8_0, 1536, 576, n),
+        matvec_case(&mut rng, DType::Q5_0, 2048, 640, n),
+        matvec_case(&mut rng, DType::Q8_0, 2048, 640, n),
+        matvec_case(&mut rng, DType::Q4_K, 640, 2048, n),
+        matvec_case(&mut rng, DType::Q6_K, 640, 2048, n),
+        matvec_case(&mut rng, DType::Q4_K, 896, 4864, n),
+    ];
     if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
         cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
+        prefill.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
     }
     let Some(g) = g else {
         println!("dry run: {} cases built", cases.len());
@@ -428,6 +442,25 @@ fn main() {
             "{:<52} {:>10.2} {:>10.2} {:>8.0}",
             case.name, graph, eager, gbs
         );
+    }
+    let fast = Gpu {
+        ctx: g.ctx.clone(),
+        kernels: weft_kernels::cuda::CudaKernels::with_numerics(
+            g.ctx.clone(),
+            std::env::var_os("WEFT_CUDA_PTX_CACHE")
+                .map(std::path::PathBuf::from)
+                .as_deref(),
+            weft_kernels::Numerics::Fast,
+        )
+        .unwrap(),
+    };
+    for case in &prefill {
+        for (mode, gpu) in [("exact", g), ("fast", &fast)] {
+            let (graph, eager) = time_case(gpu, case);
+            let gbs = case.bytes as f64 / (graph * 1e-6) / 1e9;
+            let name = format!("{} [{mode}]", case.name);
+            println!("{name:<52} {graph:>10.2} {eager:>10.2} {gbs:>8.0}");
+        }
     }
     // What a persistent decode kernel would pay per level instead of a
     // kernel boundary: a grid-wide wait of one block per SM (and fewer).

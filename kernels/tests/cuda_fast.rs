@@ -13,6 +13,8 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
+#[path = "cuda_fast/matmul.rs"]
+mod matmul;
 
 use cuda_common::*;
 use std::sync::{Arc, OnceLock};

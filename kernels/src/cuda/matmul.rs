@@ -702,6 +702,11 @@ pub(super) unsafe fn launch(
     if act % natural_alignment(act_dtype) != 0 {
         return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
     }
+    if kernels.numerics() == crate::Numerics::Fast
+        && super::fast::matmul::takes(w.tensor.dtype, n, k)
+    {
+        return super::fast::matmul::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+    }
     if n == 1 {
         if let Some(bytes) = staged_shared_bytes(kernels, w) {
             return launch_staged(kernels, stream, w, act, out.ptr, bytes, OP);

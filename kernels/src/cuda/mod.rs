@@ -147,6 +147,7 @@ impl CudaKernels {
             proj_attention::KERNELS,
             proj_attention::SPLIT_KERNELS,
             fast::attention::KERNELS,
+            fast::matmul::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 22] = [
+const SOURCES: [(&str, &str); 23] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -28,6 +28,7 @@ const SOURCES: [(&str, &str); 22] = [
     ("fused.cu", include_str!("fused.cu")),
     ("proj_attn.cu", include_str!("proj_attn.cu")),
     ("fast/attention.cu", include_str!("fast/attention.cu")),
+    ("fast/matmul.cu", include_str!("fast/matmul.cu")),
     ("tail_rope.cu", include_str!("tail_rope.cu")),
     ("hyper.cu", include_str!("hyper.cu")),
     ("compress.cu", include_str!("compress.cu")),

@@ -4,3 +4,4 @@
 //! fast kernel runs its exact one.
 
 pub(super) mod attention;
+pub(super) mod matmul;
