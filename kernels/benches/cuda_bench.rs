@@ -378,7 +378,6 @@ fn main() {
     let n = 512;
     let xp = rng.rows(n, d);
     cases.push(matvec_case(&mut rng, DType::Q4_1, 192, 576, n));
-    cases.push(attention_case(&mut rng, n, 0));
     cases.push(simple_case("rms_norm 512x576", |m| {
         let x = m.f32_tensor(&[n, d], &xp).unwrap();
         let w = m.f32_tensor(&[d], &xp[..d]).unwrap();
@@ -421,6 +420,8 @@ fn main() {
         matvec_case(&mut rng, DType::Q4_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q6_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q4_K, 896, 4864, n),
+        attention_case(&mut rng, n, 0),
+        attention_case(&mut rng, 4096, 0),
     ];
     if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
         cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));

@@ -12,6 +12,8 @@
 
 #![cfg(feature = "cuda")]
 
+#[path = "cuda_fast/attention_prefill.rs"]
+mod attention_prefill;
 mod cuda_common;
 #[path = "cuda_fast/matmul.rs"]
 mod matmul;

@@ -277,6 +277,36 @@ pub(super) unsafe fn launch_split(
     )
 }
 
+/// The tensor-core prefill kernel of numerics `fast`
+/// ([`super::fast::attention_prefill`]) for many query rows.
+///
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn launch_prefill_fast(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    node: &OpNode,
+    p: &AttentionParams,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    step: u64,
+) -> Result<(), OpError> {
+    const OP: &str = "attention";
+    check_arity(OP, ins, outs, 3)?;
+    supports(node, p)?;
+    let (q, out) = (&ins[0], &outs[0]);
+    let args = attn_args(
+        p,
+        q.tensor.rows(),
+        q.tensor.cols(),
+        &node.inputs[1],
+        out.tensor.cols(),
+    );
+    super::fast::attention_prefill::launch(
+        kernels, stream, OP, p, args, q, &ins[1], &ins[2], out, step,
+    )
+}
+
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(

@@ -148,6 +148,7 @@ impl CudaKernels {
             proj_attention::SPLIT_KERNELS,
             fast::attention::KERNELS,
             fast::matmul::KERNELS,
+            fast::attention_prefill::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
             softmax::KERNELS,
@@ -165,6 +166,7 @@ impl CudaKernels {
             .iter()
             .chain(matmul::GROUP_KERNELS)
             .chain(attention::LARGE_SHARED)
+            .chain(fast::attention_prefill::KERNELS)
             .chain(proj_attention::KERNELS)
             .chain(proj_attention::SPLIT_KERNELS)
         {
@@ -460,6 +462,16 @@ impl CudaKernels {
             Op::Attention(p) | Op::AttentionQuantize(p) => match self.split_attention(node) {
                 Some(shape) => {
                     attention::launch_split(self, s, node, p, shape, ins, outs, scratch, step)
+                }
+                None if self.numerics == Numerics::Fast
+                    && fast::attention_prefill::takes(
+                        p,
+                        node.inputs[0].rows(),
+                        node.inputs[1].dtype,
+                        node.outputs[0].dtype,
+                    ) =>
+                {
+                    attention::launch_prefill_fast(self, s, node, p, ins, outs, step)
                 }
                 None => attention::launch(self, s, node, p, ins, outs, step),
             },

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 23] = [
+const SOURCES: [(&str, &str); 24] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -29,6 +29,10 @@ const SOURCES: [(&str, &str); 23] = [
     ("proj_attn.cu", include_str!("proj_attn.cu")),
     ("fast/attention.cu", include_str!("fast/attention.cu")),
     ("fast/matmul.cu", include_str!("fast/matmul.cu")),
+    (
+        "fast/attention_prefill.cu",
+        include_str!("fast/attention_prefill.cu"),
+    ),
     ("tail_rope.cu", include_str!("tail_rope.cu")),
     ("hyper.cu", include_str!("hyper.cu")),
     ("compress.cu", include_str!("compress.cu")),

@@ -4,4 +4,5 @@
 //! fast kernel runs its exact one.
 
 pub(super) mod attention;
+pub(super) mod attention_prefill;
 pub(super) mod matmul;
