@@ -406,7 +406,8 @@ fn main() {
         (node(Op::Rope(rp), vec![x, p], vec![o]), 2 * n * d * 4)
     }));
     // Prefill products of every format the tensor-core kernel takes
-    // (SmolLM2's and Gemma 3's shapes), timed in both numerics modes below.
+    // (SmolLM2's, Gemma 3's and Qwen2.5's shapes) and attention at depth,
+    // timed in both numerics modes below.
     let mut prefill = vec![
         matvec_case(&mut rng, DType::Q4_1, 576, 576, n),
         matvec_case(&mut rng, DType::Q4_1, 1536, 576, n),
@@ -422,6 +423,8 @@ fn main() {
         matvec_case(&mut rng, DType::Q4_K, 896, 4864, n),
         attention_case(&mut rng, n, 0),
         attention_case(&mut rng, 4096, 0),
+        attention_case(&mut rng, 1, 4095),
+        attention_case(&mut rng, 1, 16383),
     ];
     if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
         cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));

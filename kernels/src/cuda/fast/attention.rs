@@ -42,9 +42,12 @@ pub(in crate::cuda) const MAX_ROWS: usize = 4;
 const THREADS: u32 = 128;
 /// Cells a lane group takes per pass (`FA_UNROLL`).
 const UNROLL: usize = 4;
-/// Most splits of one row and head block (at most `FA_MAX_SPLITS`, 64): the
-/// merge reads every split's values once per output value.
-const MAX_SPLITS: usize = 64;
+/// Splits merged at once (`FA_GROUP`): the last of a group of this many
+/// consecutive splits merges them, the last group the groups.
+const GROUP: usize = 16;
+/// Most splits of one row and head block (`FA_MAX_SPLITS`): two levels of
+/// [`GROUP`].
+const MAX_SPLITS: usize = GROUP * GROUP;
 /// Warps per block (`FA_WARPS`).
 const WARPS: usize = 4;
 
@@ -78,8 +81,10 @@ impl SplitShape {
         };
         let blocks_x = p.kv_heads * group.div_ceil(heads_per_block);
         let per_row = (blocks_x * rows).max(1);
-        // About three blocks per multiprocessor in all when the cells allow.
-        let cap = (3 * sms / per_row).clamp(1, MAX_SPLITS);
+        // About two blocks per multiprocessor in all when the cells allow:
+        // as many as stay resident at once (the f16 blocks take about 190
+        // registers a thread), so no split waits for a second wave.
+        let cap = (2 * sms / per_row).clamp(1, MAX_SPLITS);
         let cells = view_rows.max(p.kv_capacity as usize);
         let want = cells.div_ceil(split_min(p.head_dim)).max(1);
         SplitShape {
@@ -90,21 +95,29 @@ impl SplitShape {
         }
     }
 
-    /// Scratch bytes: every split's values and (max, sum) of every (row,
-    /// head), then the arrival counters (zeroed at allocation, reset by
-    /// each launch).
+    /// Scratch bytes: every split's and every group's values and (max,
+    /// sum) of every (row, head), then the arrival counters, one per group
+    /// and one for the groups of each row and head block (zeroed at
+    /// allocation, reset by each launch).
     pub(in crate::cuda) fn scratch_bytes(&self, p: &AttentionParams) -> usize {
-        self.states_bytes(p) + self.rows * self.blocks_x * 4
+        self.states_bytes(p) + self.rows * self.blocks_x * (self.groups() + 1) * 4
     }
 
     fn states_bytes(&self, p: &AttentionParams) -> usize {
-        (self.rows * p.heads * self.splits * (p.head_dim + 2) * 4).next_multiple_of(256)
+        let entries = self.splits + self.groups();
+        (self.rows * p.heads * entries * (p.head_dim + 2) * 4).next_multiple_of(256)
     }
 
-    /// The block's lane-group states (fast/attention.cu's layout).
+    /// Groups of [`GROUP`] splits (the merge tree's first level).
+    fn groups(&self) -> usize {
+        self.splits.div_ceil(GROUP)
+    }
+
+    /// The block's lane-group states, then the arrival flag and the heads'
+    /// maxima (fast/attention.cu's layout).
     fn shared_bytes(&self, head_dim: usize) -> usize {
         let states = WARPS * groups_per_warp(head_dim);
-        states * self.heads_per_block * (head_dim + 2) * 4 + 16
+        states * self.heads_per_block * (head_dim + 2) * 4 + 32
     }
 }
 
@@ -114,11 +127,11 @@ fn groups_per_warp(head_dim: usize) -> usize {
     32 / head_dim.div_ceil(8).next_power_of_two().min(32)
 }
 
-/// Fewest cells a split takes: two of a block's passes. Below that a
-/// block's fixed costs (loading the query, merging its lane groups)
-/// outweigh its cells.
+/// Fewest cells a split takes: one of a block's passes (each lane group's
+/// cells loaded at once), so at a few thousand cells the cells spread over
+/// as many blocks as the grid has and each waits about one memory latency.
 fn split_min(head_dim: usize) -> usize {
-    2 * WARPS * groups_per_warp(head_dim) * UNROLL
+    WARPS * groups_per_warp(head_dim) * UNROLL
 }
 
 /// Whether the split kernel takes `rows` query rows of `p` (any head size
@@ -221,25 +234,31 @@ mod tests {
     fn shapes_follow_heads_and_cells() {
         // SmolLM2: 9 heads over 3, one block per kv head.
         let s = SplitShape::new(&params(9, 3, 64), 1, 8192, 132);
-        assert_eq!((s.heads_per_block, s.blocks_x, s.splits), (4, 3, 64));
+        assert_eq!((s.heads_per_block, s.blocks_x, s.splits), (4, 3, 88));
+        // About two blocks per multiprocessor at the most.
+        let s = SplitShape::new(&params(9, 3, 64), 1, 16384, 132);
+        assert_eq!((s.splits, s.groups()), (88, 6));
         // A short view takes few splits, unless the cache is larger.
         let s = SplitShape::new(&params(9, 3, 64), 1, 300, 132);
-        assert_eq!(s.splits, 3);
+        assert_eq!((s.splits, s.groups()), (5, 1));
         let mut p = params(9, 3, 64);
         p.kv_capacity = 4096;
-        assert_eq!(SplitShape::new(&p, 1, 1, 132).splits, 32);
+        assert_eq!(SplitShape::new(&p, 1, 1, 132).splits, 64);
+        // Gemma 3 270M: one kv head, the splits capped by the merge tree.
+        let s = SplitShape::new(&params(4, 1, 256), 1, 16384, 132);
+        assert_eq!((s.blocks_x, s.splits, s.groups()), (1, MAX_SPLITS, GROUP));
         // Seven heads per kv head: two blocks (4 + 3).
         let s = SplitShape::new(&params(14, 2, 64), 1, 4096, 132);
         assert_eq!((s.heads_per_block, s.blocks_x), (4, 4));
         // Multi-head attention: a block per head.
         let s = SplitShape::new(&params(8, 8, 128), 2, 4096, 132);
-        assert_eq!((s.heads_per_block, s.blocks_x, s.splits), (1, 8, 24));
+        assert_eq!((s.heads_per_block, s.blocks_x, s.splits), (1, 8, 16));
         // The shared memory of the widest state fits the default limit.
         let s = SplitShape::new(&params(4, 1, 256), 1, 4096, 132);
         assert!(s.shared_bytes(256) <= 48 * 1024);
         assert_eq!(
             (split_min(64), split_min(128), split_min(256)),
-            (128, 64, 32)
+            (64, 32, 16)
         );
         let s = SplitShape::new(&params(4, 1, 32), 1, 4096, 132);
         assert!(s.shared_bytes(32) <= 48 * 1024);
