@@ -13,7 +13,7 @@ for model in "$@"; do
   echo "== $name"
   for mode in exact fast; do
     timeout 400 "$weft" bench --backend cuda --model "$model" --numerics "$mode" --pp 512 --tg 128 \
-      --depth "$depths" --reps 3 --json > "$OUT/$name-weft-$mode.json" 2> "$OUT/$name-weft-$mode.err"
+      --depth "$depths" --reps "${REPS:-3}" --json > "$OUT/$name-weft-$mode.json" 2> "$OUT/$name-weft-$mode.err"
     python3 - "$OUT/$name-weft-$mode.json" "$mode" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -22,7 +22,7 @@ for r in d.get("depths", [d]):
 PY
   done
   if [ -x "$lb" ]; then
-    timeout 400 "$lb" -m "$model" -ngl 99 -fa 1 -p 512 -n 128 -d "$depths" -r 3 -o json > "$OUT/$name-llama.json" 2> "$OUT/$name-llama.err"
+    timeout 400 "$lb" -m "$model" -ngl 99 -fa 1 -p 512 -n 128 -d "$depths" -r "${REPS:-3}" -o json > "$OUT/$name-llama.json" 2> "$OUT/$name-llama.err"
     python3 - "$OUT/$name-llama.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):

@@ -12,5 +12,5 @@ cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF > "$dir/cmake.log" 2>&1
-cmake --build "$dir/build" --target llama-bench -j "$(nproc)" > "$dir/build.log" 2>&1
+cmake --build "$dir/build" --target llama-bench -j "${JOBS:-$(nproc)}" > "$dir/build.log" 2>&1
 ls -la "$dir/build/bin/llama-bench"
