@@ -18,7 +18,9 @@ for model in "$@"; do
 import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d.get("depths", [d]):
-    print(f"weft {sys.argv[2]:5} depth {r.get('depth', 0):>6}  pp512 {r.get('pp_tps') or 0:>10.1f}  tg128 {r.get('tg_tps') or 0:>8.1f}")
+    pp, tg = r.get("pp_all") or [0], r.get("tg_all") or [0]
+    print(f"weft {sys.argv[2]:5} depth {r.get('depth', 0):>6}  pp512 {r.get('pp_tps') or 0:>10.1f} (mean {sum(pp) / len(pp):.1f})  "
+          f"tg128 {r.get('tg_tps') or 0:>8.1f} (mean {sum(tg) / len(tg):.1f})")
 PY
   done
   if [ -x "$lb" ]; then
@@ -27,7 +29,7 @@ PY
 import json, sys
 for r in json.load(open(sys.argv[1])):
     kind = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-    print(f"llama.cpp      depth {r.get('n_depth', 0):>6}  {kind:6} {r['avg_ts']:>10.1f}")
+    print(f"llama.cpp      depth {r.get('n_depth', 0):>6}  {kind:6} {r['avg_ts']:>10.1f}  samples {[round(x) for x in r['samples_ts']]}")
 PY
   fi
   if [ -n "${IDS:-}" ]; then
