@@ -7,8 +7,9 @@
 //! Each tile of 64 cells is widened to f32 once for every query head of
 //! the group; the block's queries are kept transposed (`[d][64]`), so the
 //! 64 rows' scores against one key are one broadcast multiply-add chain
-//! per dimension and the softmax runs across rows, 16 lanes at a time,
-//! with ggml's vector `exp`. Values accumulate in f32.
+//! per dimension and the softmax runs across rows, a register of lanes at
+//! a time (16 with AVX-512, 8 with AVX2), with ggml's vector `exp`. Values
+//! accumulate in f32.
 //!
 //! Error bound: f32 dot products over `d` terms and an online softmax in
 //! f32 with a 1.5-ulp `exp`; against the f64 reference each output is
@@ -235,12 +236,16 @@ fn scores(q_t: &[f32], keys: &[f32], d: usize, n_keys: usize, out: &mut [f32]) {
     if super::avx512() {
         // SAFETY: AVX-512F is available; q_t holds d * 64 values, keys
         // n_keys * d, out 64 * 64.
-        return unsafe { x86::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr()) };
+        return unsafe {
+            x86::avx512::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr())
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if super::avx2() {
         // SAFETY: AVX2 and FMA are available; sizes as above.
-        return unsafe { avx2::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr()) };
+        return unsafe {
+            x86::avx2::scores(q_t.as_ptr(), keys.as_ptr(), d, n_keys, out.as_mut_ptr())
+        };
     }
     for j in 0..n_keys {
         let row = &mut out[j * TILE..(j + 1) * TILE];
@@ -259,12 +264,12 @@ fn exp_rows(x: &mut [f32], base: &[f32; TILE]) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512() {
         // SAFETY: AVX-512F is available; x holds whole rows of 64.
-        return unsafe { x86::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
+        return unsafe { x86::avx512::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
     }
     #[cfg(target_arch = "x86_64")]
     if super::avx2() {
         // SAFETY: AVX2 and FMA are available; x holds whole rows of 64.
-        return unsafe { avx2::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
+        return unsafe { x86::avx2::exp_rows(x.as_mut_ptr(), x.len() / TILE, base.as_ptr()) };
     }
     for row in x.chunks_exact_mut(TILE) {
         for (v, b) in row.iter_mut().zip(base) {
@@ -280,14 +285,14 @@ fn accumulate(p: &[f32], vals: &[f32], d: usize, n_keys: usize, nr: usize, acc: 
         // SAFETY: AVX-512F is available; p holds n_keys rows of 64, vals
         // n_keys * d values, acc nr * d.
         return unsafe {
-            x86::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
+            x86::avx512::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
         };
     }
     #[cfg(target_arch = "x86_64")]
     if super::avx2() && d.is_multiple_of(8) {
         // SAFETY: AVX2 and FMA are available; sizes as above.
         return unsafe {
-            avx2::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
+            x86::avx2::accumulate(p.as_ptr(), vals.as_ptr(), d, n_keys, nr, acc.as_mut_ptr())
         };
     }
     for i in 0..nr {
@@ -303,49 +308,133 @@ fn accumulate(p: &[f32], vals: &[f32], d: usize, n_keys: usize, nr: usize, acc: 
     }
 }
 
+/// The three loops on vector registers, written once over [`Lanes`] and
+/// compiled for each width by the entry points in `avx512` and `avx2`.
+/// Each lane does the same operations in the same order at either width.
+///
+/// [`Lanes`]: crate::cpu::fast::lanes::Lanes
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::lanes::{Avx2, Avx512, Lanes};
     use super::TILE;
-    use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn scores(
+    /// Registers that hold a row of [`TILE`] values at the narrowest width
+    /// (8 lanes).
+    const ROW_REGS: usize = TILE / 8;
+
+    /// The most registers of one output row that [`accumulate`] holds at
+    /// once: half of AVX-512's register file (AVX2 holds half of its, 8).
+    const ACC_REGS: usize = 16;
+
+    /// `scores`, `exp_rows` and `accumulate` compiled with the target
+    /// features of `$lanes`, in a module `$name`.
+    macro_rules! entry_points {
+        ($name:ident, $lanes:ident, $features:literal) => {
+            pub(super) mod $name {
+                use super::$lanes as L;
+
+                /// # Safety
+                /// As for `super::scores`; the CPU has the target features.
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn scores(
+                    q_t: *const f32,
+                    keys: *const f32,
+                    d: usize,
+                    n_keys: usize,
+                    out: *mut f32,
+                ) {
+                    super::scores::<L>(q_t, keys, d, n_keys, out)
+                }
+
+                /// # Safety
+                /// As for `super::exp_rows`; the CPU has the target features.
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn exp_rows(
+                    x: *mut f32,
+                    rows: usize,
+                    base: *const f32,
+                ) {
+                    super::exp_rows::<L>(x, rows, base)
+                }
+
+                /// # Safety
+                /// As for `super::accumulate`; the CPU has the target features.
+                #[target_feature(enable = $features)]
+                pub(in super::super) unsafe fn accumulate(
+                    p: *const f32,
+                    vals: *const f32,
+                    d: usize,
+                    n_keys: usize,
+                    nr: usize,
+                    acc: *mut f32,
+                ) {
+                    super::accumulate::<L>(p, vals, d, n_keys, nr, acc)
+                }
+            }
+        };
+    }
+
+    entry_points!(avx512, Avx512, "avx512f,fma");
+    entry_points!(avx2, Avx2, "avx2,fma");
+
+    /// `out[j][i] = sum_d q_t[d][i] * keys[j][d]`: one key's 64 scores in
+    /// registers, one multiply-add per dimension.
+    ///
+    /// # Safety
+    /// `L`'s target features are enabled in the caller; `q_t` holds
+    /// `d * 64` values, `keys` `n_keys * d`, `out` `n_keys * 64`.
+    #[inline(always)]
+    unsafe fn scores<L: Lanes>(
         q_t: *const f32,
         keys: *const f32,
         d: usize,
         n_keys: usize,
         out: *mut f32,
     ) {
+        let regs = TILE / L::LANES;
+        const { assert!(TILE / L::LANES <= ROW_REGS) };
         for j in 0..n_keys {
-            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut acc = [L::zero(); ROW_REGS];
             let k = keys.add(j * d);
             for dd in 0..d {
-                let kv = _mm512_set1_ps(*k.add(dd));
+                let kv = L::splat(*k.add(dd));
                 let qrow = q_t.add(dd * TILE);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qrow.add(16 * c)), kv, *a);
+                for (c, a) in acc.iter_mut().enumerate().take(regs) {
+                    *a = L::fmadd(L::load(qrow.add(L::LANES * c)), kv, *a);
                 }
             }
-            for (c, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.add(j * TILE + 16 * c), *a);
+            for (c, a) in acc.iter().enumerate().take(regs) {
+                L::store(out.add(j * TILE + L::LANES * c), *a);
             }
         }
     }
 
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn exp_rows(x: *mut f32, rows: usize, base: *const f32) {
-        for c in 0..4 {
-            let b = _mm512_loadu_ps(base.add(16 * c));
+    /// `x[j][i] = exp(x[j][i] - base[i])` over `rows` rows of 64.
+    ///
+    /// # Safety
+    /// `L`'s target features are enabled in the caller; `x` holds
+    /// `rows * 64` values, `base` 64.
+    #[inline(always)]
+    unsafe fn exp_rows<L: Lanes>(x: *mut f32, rows: usize, base: *const f32) {
+        for c in 0..TILE / L::LANES {
+            let b = L::load(base.add(L::LANES * c));
             for j in 0..rows {
-                let p = x.add(j * TILE + 16 * c);
-                let v = crate::cpu::simd::x86::v_expf(_mm512_sub_ps(_mm512_loadu_ps(p), b));
-                _mm512_storeu_ps(p, v);
+                let p = x.add(j * TILE + L::LANES * c);
+                L::store(p, L::exp(L::sub(L::load(p), b)));
             }
         }
     }
 
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn accumulate(
+    /// `acc[i] += sum_j p[j][i] * vals[j]` row by row, up to half the
+    /// register file of the row's outputs in registers at a time (on
+    /// AVX-512 a whole row of up to 256).
+    ///
+    /// # Safety
+    /// `L`'s target features are enabled in the caller; `d` is a multiple
+    /// of `L::LANES`; `p` holds `n_keys` rows of 64, `vals` `n_keys * d`
+    /// values, `acc` `nr * d`.
+    #[inline(always)]
+    unsafe fn accumulate<L: Lanes>(
         p: *const f32,
         vals: *const f32,
         d: usize,
@@ -353,107 +442,32 @@ mod x86 {
         nr: usize,
         acc: *mut f32,
     ) {
-        let lanes = d / 16;
-        for i in 0..nr {
-            let a = acc.add(i * d);
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (c, x) in r.iter_mut().enumerate().take(lanes) {
-                *x = _mm512_loadu_ps(a.add(16 * c));
-            }
-            for j in 0..n_keys {
-                let w = *p.add(j * TILE + i);
-                if w == 0.0 {
-                    continue;
-                }
-                let wv = _mm512_set1_ps(w);
-                let v = vals.add(j * d);
-                for (c, x) in r.iter_mut().enumerate().take(lanes) {
-                    *x = _mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * c)), wv, *x);
-                }
-            }
-            for (c, x) in r.iter().enumerate().take(lanes) {
-                _mm512_storeu_ps(a.add(16 * c), *x);
-            }
-        }
-    }
-}
-
-/// The AVX2 versions of the three loops (8-lane registers, FMA).
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::TILE;
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(
-        q_t: *const f32,
-        keys: *const f32,
-        d: usize,
-        n_keys: usize,
-        out: *mut f32,
-    ) {
-        for j in 0..n_keys {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let k = keys.add(j * d);
-            for dd in 0..d {
-                let kv = _mm256_set1_ps(*k.add(dd));
-                let qrow = q_t.add(dd * TILE);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qrow.add(8 * c)), kv, *a);
-                }
-            }
-            for (c, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.add(j * TILE + 8 * c), *a);
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn exp_rows(x: *mut f32, rows: usize, base: *const f32) {
-        for c in 0..8 {
-            let b = _mm256_loadu_ps(base.add(8 * c));
-            for j in 0..rows {
-                let p = x.add(j * TILE + 8 * c);
-                let v = crate::cpu::simd::avx2::v_expf(_mm256_sub_ps(_mm256_loadu_ps(p), b));
-                _mm256_storeu_ps(p, v);
-            }
-        }
-    }
-
-    /// Row by row, 64 columns of the row's outputs in registers at a time.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn accumulate(
-        p: *const f32,
-        vals: *const f32,
-        d: usize,
-        n_keys: usize,
-        nr: usize,
-        acc: *mut f32,
-    ) {
+        let most = L::REGISTERS / 2;
+        const { assert!(L::REGISTERS / 2 <= ACC_REGS) };
         for i in 0..nr {
             let mut c0 = 0;
             while c0 < d {
-                let regs = ((d - c0) / 8).min(8);
+                let regs = ((d - c0) / L::LANES).min(most);
                 let a = acc.add(i * d + c0);
-                let mut r = [_mm256_setzero_ps(); 8];
+                let mut r = [L::zero(); ACC_REGS];
                 for (c, x) in r.iter_mut().enumerate().take(regs) {
-                    *x = _mm256_loadu_ps(a.add(8 * c));
+                    *x = L::load(a.add(L::LANES * c));
                 }
                 for j in 0..n_keys {
                     let w = *p.add(j * TILE + i);
                     if w == 0.0 {
                         continue;
                     }
-                    let wv = _mm256_set1_ps(w);
+                    let wv = L::splat(w);
                     let v = vals.add(j * d + c0);
                     for (c, x) in r.iter_mut().enumerate().take(regs) {
-                        *x = _mm256_fmadd_ps(_mm256_loadu_ps(v.add(8 * c)), wv, *x);
+                        *x = L::fmadd(L::load(v.add(L::LANES * c)), wv, *x);
                     }
                 }
                 for (c, x) in r.iter().enumerate().take(regs) {
-                    _mm256_storeu_ps(a.add(8 * c), *x);
+                    L::store(a.add(L::LANES * c), *x);
                 }
-                c0 += 8 * regs;
+                c0 += L::LANES * regs;
             }
         }
     }

@@ -5,6 +5,8 @@
 
 pub(super) mod attention;
 pub(super) mod attention_prefill;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 
 /// True when the AVX-512 paths run (decided once per process).
 #[cfg(target_arch = "x86_64")]

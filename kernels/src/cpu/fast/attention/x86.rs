@@ -5,9 +5,9 @@
 //! order, not in what they compute; each is within the bound the module
 //! above states.
 
+use super::super::lanes::{Avx2, Avx512, Lanes};
 use super::{mask_and_scale, row_offset, softmax_step, Ctx, HostTensor, Range, TILE};
 use half::f16;
-use std::arch::x86_64::*;
 use weft_ops::DType;
 
 /// The vector path for head size `d` on this machine, if any: AVX-512
@@ -50,154 +50,6 @@ unsafe fn avx2_partials(
     local: &mut [f32],
 ) {
     chunk_partials::<Avx2>(ctx, q, cells, kv_heads, local)
-}
-
-/// A vector register of f32 lanes and the operations the kernel needs.
-/// Every method is inlined into a caller compiled with the register's
-/// target features (the two entry points above).
-trait Lanes {
-    type V: Copy;
-    const LANES: usize;
-    unsafe fn zero() -> Self::V;
-    unsafe fn splat(x: f32) -> Self::V;
-    unsafe fn load(p: *const f32) -> Self::V;
-    unsafe fn store(p: *mut f32, x: Self::V);
-    /// `a * b + c`, one rounding.
-    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn reduce_max(x: Self::V) -> f32;
-    /// `LANES` f16 values as f32.
-    unsafe fn widen(p: *const f16) -> Self::V;
-    /// Lane `i` of the result is the sum of the lanes of `x[i]`, for the
-    /// first `LANES` entries of `x`.
-    unsafe fn sum_lanes(x: &[Self::V; 16]) -> Self::V;
-}
-
-struct Avx512;
-
-impl Lanes for Avx512 {
-    type V = __m512;
-    const LANES: usize = 16;
-    #[inline(always)]
-    unsafe fn zero() -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m512 {
-        _mm512_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m512 {
-        _mm512_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, x: __m512) {
-        _mm512_storeu_ps(p, x)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
-        _mm512_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn max(a: __m512, b: __m512) -> __m512 {
-        _mm512_max_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn reduce_max(x: __m512) -> f32 {
-        _mm512_reduce_max_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn widen(p: *const f16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-    #[inline(always)]
-    unsafe fn sum_lanes(x: &[__m512; 16]) -> __m512 {
-        // Pairs: each 128-bit lane holds two cells' partial sums, interleaved.
-        let mut pairs = [_mm512_setzero_ps(); 8];
-        for (i, pair) in pairs.iter_mut().enumerate() {
-            let (a, b) = (x[2 * i], x[2 * i + 1]);
-            *pair = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-        }
-        // Quads: each 128-bit lane holds four consecutive cells.
-        let mut quads = [_mm512_setzero_ps(); 4];
-        for (i, quad) in quads.iter_mut().enumerate() {
-            let (a, b) = (pairs[2 * i], pairs[2 * i + 1]);
-            *quad = _mm512_add_ps(
-                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
-            );
-        }
-        // `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]` of the 128-bit lanes.
-        let fold = |a, b| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-            )
-        };
-        fold(fold(quads[0], quads[1]), fold(quads[2], quads[3]))
-    }
-}
-
-struct Avx2;
-
-impl Lanes for Avx2 {
-    type V = __m256;
-    const LANES: usize = 8;
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, x: __m256) {
-        _mm256_storeu_ps(p, x)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn max(a: __m256, b: __m256) -> __m256 {
-        _mm256_max_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn reduce_max(x: __m256) -> f32 {
-        let m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m)))
-    }
-    #[inline(always)]
-    unsafe fn widen(p: *const f16) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-    #[inline(always)]
-    unsafe fn sum_lanes(x: &[__m256; 16]) -> __m256 {
-        // Pairs, then quads, within each 128-bit half (as for AVX-512);
-        // then the halves of two quads added across.
-        let mut pairs = [_mm256_setzero_ps(); 4];
-        for (i, pair) in pairs.iter_mut().enumerate() {
-            let (a, b) = (x[2 * i], x[2 * i + 1]);
-            *pair = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-        }
-        let quad = |a, b| {
-            _mm256_add_ps(
-                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
-                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
-            )
-        };
-        let (lo, hi) = (quad(pairs[0], pairs[1]), quad(pairs[2], pairs[3]));
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(lo, hi),
-            _mm256_permute2f128_ps::<0x31>(lo, hi),
-        )
-    }
 }
 
 /// Query heads that read one widened key or value row together.
