@@ -243,6 +243,26 @@ pub(super) fn one_row_args(
     (args, chunk_shared_bytes(p.head_dim, k.dtype, chunk))
 }
 
+/// The arguments of a fast kernel's launch for `node` (three inputs: query,
+/// keys, values; one output), after the checks every attention takes.
+fn node_args(
+    op: &'static str,
+    node: &OpNode,
+    p: &AttentionParams,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+) -> Result<AttnArgs, OpError> {
+    check_arity(op, ins, outs, 3)?;
+    supports(node, p)?;
+    Ok(attn_args(
+        p,
+        ins[0].tensor.rows(),
+        ins[0].tensor.cols(),
+        &node.inputs[1],
+        outs[0].tensor.cols(),
+    ))
+}
+
 /// The split kernel of numerics `fast` ([`super::fast::attention`]) for a
 /// decode step's few query rows.
 ///
@@ -261,17 +281,9 @@ pub(super) unsafe fn launch_split(
     step: u64,
 ) -> Result<(), OpError> {
     const OP: &str = "attention";
-    check_arity(OP, ins, outs, 3)?;
-    supports(node, p)?;
+    let args = node_args(OP, node, p, ins, outs)?;
     let (q, out) = (&ins[0], &outs[0]);
     check_aligned(OP, q, 4)?;
-    let args = attn_args(
-        p,
-        q.tensor.rows(),
-        q.tensor.cols(),
-        &node.inputs[1],
-        out.tensor.cols(),
-    );
     super::fast::attention::launch(
         kernels, stream, OP, p, shape, args, q.ptr, &ins[1], &ins[2], out, scratch, step, false,
     )
@@ -292,16 +304,8 @@ pub(super) unsafe fn launch_prefill_fast(
     step: u64,
 ) -> Result<(), OpError> {
     const OP: &str = "attention";
-    check_arity(OP, ins, outs, 3)?;
-    supports(node, p)?;
+    let args = node_args(OP, node, p, ins, outs)?;
     let (q, out) = (&ins[0], &outs[0]);
-    let args = attn_args(
-        p,
-        q.tensor.rows(),
-        q.tensor.cols(),
-        &node.inputs[1],
-        out.tensor.cols(),
-    );
     super::fast::attention_prefill::launch(
         kernels, stream, OP, p, args, q, &ins[1], &ins[2], out, step,
     )

@@ -225,23 +225,8 @@ struct MqQ6_K {
 
 // ---- activation formats ------------------------------------------------------
 
-struct MqAQ8_0 {
-    enum { ELEMS = 32, BYTES = 34 };
-    struct Raw {
-        u32 d;
-        MqSpan<8> qs;
-    };
-    static __device__ __forceinline__ void fetch(Raw& r, const u8* row, int c) {
-        const u8* b = row + (size_t)c * BYTES;
-        r.d = ld_u16(b);
-        mq_fetch(r.qs, b + 2);
-    }
-    static __device__ __forceinline__ void decode(const Raw& r, int, u32* codes, float2& s) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) codes[i] = mq_word(r.qs, i);
-        s = make_float2(h2f((u16)r.d), 0.0f);
-    }
-};
+// Q8_0 activations are Q8_0 weights' blocks (no offset).
+typedef MqQ8_0 MqAQ8_0;
 
 struct MqAQ8_1 {
     enum { ELEMS = 32, BYTES = 36 };
