@@ -5,8 +5,9 @@ Usage: serve_bench.py URL [--clients 1,4,16] [--tokens 64]
 
 For each client count, that many threads each stream one greedy
 completion of --tokens tokens (distinct prompts) at the same time; prints
-the aggregate tokens per second (all tokens / wall time), the mean time to
-first token and the mean per-client rate. Standard library only.
+the aggregate tokens per second (all tokens / wall time), the time to
+first token (mean and median) and the mean per-client rate. Standard
+library only.
 """
 
 import argparse
@@ -77,10 +78,13 @@ def run(url, clients, tokens):
     if len(out) != clients:
         raise RuntimeError(f"{clients - len(out)} clients failed")
     total = sum(c for c, _, _ in out)
-    ttft = sum(f for _, f, _ in out) / clients
+    firsts = sorted(f for _, f, _ in out)
+    ttft = sum(firsts) / clients
+    p50 = firsts[clients // 2] if clients % 2 else (firsts[clients // 2 - 1] + firsts[clients // 2]) / 2
     per_client = sum(c / t for c, _, t in out) / clients
     print(f"{clients:3d} clients x {tokens} tokens: {total / wall:7.1f} tok/s aggregate, "
-          f"{per_client:6.1f} tok/s per client, mean TTFT {ttft * 1000:7.1f} ms, wall {wall:.2f} s")
+          f"{per_client:6.1f} tok/s per client, TTFT mean {ttft * 1000:7.1f} ms p50 {p50 * 1000:7.1f} ms, "
+          f"wall {wall:.2f} s")
 
 
 def main():
