@@ -3,7 +3,10 @@
 # needed, only libnvrtc: pass its folder as $1 or in LD_LIBRARY_PATH) into
 # .device/ptx/, the file WEFT_CUDA_PTX_CACHE looks for (named by a hash of
 # the sources, options and architecture). The device scripts copy it into
-# their cache, so a fresh GPU machine skips ~2.5 minutes of NVRTC.
+# their cache, so a fresh GPU machine skips ~2.5 minutes of NVRTC. Use the
+# NVRTC of the device driver's CUDA version or older (for CUDA 13.0
+# drivers PyPI's nvidia-cuda-nvrtc==13.0.88): a newer NVRTC writes a PTX
+# version the driver refuses to load.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -n "${1:-}" ] && export LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}"
