@@ -258,3 +258,96 @@ fn template_errors_name_the_file_and_the_place() {
     assert!(err.contains("line 2, column 4"), "{err}");
     assert!(err.contains("m.content + 1"), "{err}");
 }
+
+/// `weft chat` with stdin `input` and `args`; (success, stdout, stderr).
+fn chat_status(model: &std::path::Path, args: &[&str], input: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .arg("chat")
+        .args(args)
+        .args(["--backend", "cpu", "--threads", "2", "--model"])
+        .arg(model)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weft runs");
+    let mut pipe = child.stdin.take().expect("stdin");
+    pipe.write_all(input.as_bytes()).expect("write stdin");
+    drop(pipe);
+    let out = child.wait_with_output().expect("weft ends");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn chat_session_continues_across_processes() {
+    let Some(model) = smollm2() else { return };
+    let second = "And what is 3+3?";
+    let greedy = ["--temp", "0", "-n", "16"];
+    let (stdout, _) = weft(
+        &model,
+        &["chat", "--temp", "0", "-n", "16"],
+        Some(&format!("{QUESTION}\n{second}\n")),
+    );
+    let one_process: Vec<&str> = stdout.lines().collect();
+    assert_eq!(one_process.len(), 2, "{stdout:?}");
+
+    let dir = std::env::temp_dir().join(format!("weft-chat-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("talk.kv");
+    let messages = dir.join("talk.kv.messages.json");
+    let f = file.to_str().unwrap();
+    let with_session = |extra: &[&str], input: &str| {
+        let mut args: Vec<&str> = greedy.to_vec();
+        args.extend(["--session", f]);
+        args.extend(extra);
+        chat_status(&model, &args, input)
+    };
+    // First process: the first answer, both files written.
+    let (ok, out1, err1) = with_session(&[], &format!("{QUESTION}\n"));
+    assert!(ok, "{err1}");
+    assert_eq!(out1.trim_end_matches('\n'), one_process[0]);
+    assert!(file.is_file() && messages.is_file(), "{err1}");
+    // Second process: the history comes from the files, only the new
+    // message is prefilled, and the answer is the one-process answer.
+    let (ok, out2, err2) = with_session(&["--verbose"], &format!("{second}\n"));
+    assert!(ok, "{err2}");
+    assert_eq!(out2.trim_end_matches('\n'), one_process[1]);
+    let log: Vec<&str> = err2.lines().filter(|l| l.starts_with("[chat]")).collect();
+    let p = numbers(log[0]);
+    assert!(p[2] > 0 && p[2] + p[3] == p[1], "{}", log[0]);
+    assert!(!log[0].contains("went back"), "{}", log[0]);
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&messages).unwrap()).unwrap();
+    let roles: Vec<&str> = saved["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+
+    // Refused, naming the cause, and both files left as they were: a
+    // corrupted messages file, another system prompt, a cache without
+    // messages (as `weft run --session` saves).
+    let before = (
+        std::fs::read(&file).unwrap(),
+        std::fs::read(&messages).unwrap(),
+    );
+    let (ok, _, err) = with_session(&["--system", "Be brief."], "Hi\n");
+    assert!(!ok && err.contains("--system differs"), "{err}");
+    std::fs::write(&messages, b"{\"messages\": [{\"role\": \"user\"}]}").unwrap();
+    let (ok, _, err) = with_session(&[], "Hi\n");
+    assert!(!ok && err.contains("talk.kv.messages.json"), "{err}");
+    assert!(err.contains("message 0"), "{err}");
+    std::fs::write(&messages, &before.1).unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), before.0);
+    std::fs::remove_file(&messages).unwrap();
+    let (ok, _, err) = with_session(&[], "Hi\n");
+    assert!(!ok && err.contains("no messages"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), before.0);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -10,6 +10,7 @@
 //! at the prompt quits). `/reset` starts over, `/exit` or end of input
 //! (Ctrl-D) quits.
 
+use super::session::{load_messages, save_messages, Session};
 use super::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -152,6 +153,11 @@ pub struct ChatCmdArgs {
     /// how many were prefilled; the answer's length and why it ended.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Keep the conversation in FILE (the KV cache) and FILE.messages.json
+    /// after every turn, and continue it from there when they exist: only
+    /// the new message is prefilled.
+    #[arg(long, value_name = "FILE")]
+    session: Option<std::path::PathBuf>,
 }
 
 /// The longest message line read.
@@ -302,6 +308,37 @@ impl Generator<'_> {
     }
 }
 
+/// The conversation a session file continues: its saved messages over the
+/// tokens its cache holds, or a new one when it has none.
+fn continued(path: &std::path::Path, s: &Session, system: Option<&str>) -> Result<Conversation> {
+    let Some(messages) = load_messages(path)? else {
+        if s.resumed() {
+            bail!(
+                "--session {}: it holds a cache but no messages ({} is missing); weft chat continues the sessions it saved (weft run --session keeps tokens, not messages)",
+                path.display(),
+                super::session::messages_path(path).display()
+            );
+        }
+        return Ok(Conversation::new(system));
+    };
+    if let Some(system) = system {
+        let saved = messages
+            .first()
+            .filter(|m| m.role == "system")
+            .map(|m| m.content.as_str());
+        if saved != Some(system) && !messages.is_empty() {
+            bail!(
+                "--session {}: --system differs from the system message the saved conversation opens with; leave it out to continue, or use a new session file",
+                path.display()
+            );
+        }
+    }
+    if messages.is_empty() && system.is_some() {
+        return Ok(Conversation::new(system));
+    }
+    Ok(Conversation::resume(messages, s.tokens.clone()))
+}
+
 pub fn run(a: ChatCmdArgs) -> Result<()> {
     let (mut exec, model) = a.model.load()?;
     let template = a.template.load(&model)?;
@@ -338,7 +375,43 @@ pub fn run(a: ChatCmdArgs) -> Result<()> {
             model.name
         );
     }
-    let mut conversation = Conversation::new(a.template.system.as_deref());
+    let session = match &a.session {
+        Some(path) => Some(Session::open(&mut exec, &model, &mut cache, path)?),
+        None => None,
+    };
+    let mut conversation = match (&a.session, &session) {
+        (Some(path), Some(s)) => continued(path, s, a.template.system.as_deref())?,
+        _ => Conversation::new(a.template.system.as_deref()),
+    };
+    if let (Some(path), true) = (&a.session, interactive || a.verbose) {
+        if !conversation.messages().is_empty() {
+            eprintln!(
+                "(continuing {}: {} messages, {} tokens in the cache)",
+                path.display(),
+                conversation.messages().len(),
+                conversation.cached().len()
+            );
+        }
+    }
+    // Saves the conversation after a turn or a reset: the messages first,
+    // then the cache (see session.rs).
+    let save = |conversation: &Conversation,
+                exec: &mut GraphExecutor,
+                cache: &mut KvCache|
+     -> Result<()> {
+        if let (Some(path), Some(s)) = (&a.session, &session) {
+            save_messages(path, conversation.messages())?;
+            s.save(
+                exec,
+                &model,
+                cache,
+                &policy,
+                conversation.cached(),
+                a.verbose,
+            )?;
+        }
+        Ok(())
+    };
     let mut stdin = std::io::stdin().lock();
     let mut turn = 0usize;
     loop {
@@ -367,6 +440,7 @@ pub fn run(a: ChatCmdArgs) -> Result<()> {
             "/exit" | "/quit" => return Ok(()),
             "/reset" => {
                 conversation.reset(&mut cache);
+                save(&conversation, &mut exec, &mut cache)?;
                 eprintln!("(a new conversation)");
                 continue;
             }
@@ -406,6 +480,7 @@ pub fn run(a: ChatCmdArgs) -> Result<()> {
         out.flush()?;
         drop(out);
         conversation.finish_answer(&answer.text, &answer.ids, &cache);
+        save(&conversation, &mut exec, &mut cache)?;
         if a.verbose {
             eprintln!(
                 "[chat] turn {turn}: answer {} tokens, ended by {}, cache at {}",

@@ -249,7 +249,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     drop(out);
     diag.finish(&mut exec)?;
     if let Some(session) = &session {
-        session.save(&mut exec, &model, &mut cache, &policy, &history)?;
+        session.save(&mut exec, &model, &mut cache, &policy, &history, true)?;
     }
     let mut out = Stdout::lock();
     match a.format {

@@ -7,9 +7,17 @@
 //! prefilled. After generating, every token of the conversation (the
 //! saved ones, the prompt, the generated ones) is in the cache and the
 //! file is replaced atomically.
+//!
+//! `weft chat --session FILE` keeps the conversation's messages beside it
+//! in `FILE.messages.json` (the template renders messages, not tokens):
+//! written atomically before the cache file, so a stop between the two
+//! leaves messages at least as new as the cache, and a turn whose render
+//! departs from the cached tokens prefills from the start.
 
 use anyhow::{bail, Context, Result};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use weft::models::chat::Message;
 use weft::models::{LogitRows, Model};
 use weft::runtime::cache::{ChunkPolicy, KvCache};
 use weft::runtime::GraphExecutor;
@@ -79,6 +87,7 @@ impl Session {
         cache: &mut KvCache,
         policy: &ChunkPolicy,
         history: &[u32],
+        announce: bool,
     ) -> Result<()> {
         let held = cache.position() as usize;
         if held > history.len() {
@@ -101,12 +110,96 @@ impl Session {
         let info = model
             .save_session(exec, cache, history, &self.path)
             .with_context(|| format!("--session {}: cannot save", self.path.display()))?;
-        crate::note!(
-            "weft run: session saved to {} ({} tokens, {} bytes)",
-            self.path.display(),
-            info.position,
-            info.file_bytes
-        );
+        if announce {
+            crate::note!(
+                "session saved to {} ({} tokens, {} bytes)",
+                self.path.display(),
+                info.position,
+                info.file_bytes
+            );
+        }
         Ok(())
     }
+}
+
+/// The largest messages file read (a conversation's text, far more than any
+/// context holds).
+const MAX_MESSAGES_BYTES: u64 = 64 << 20;
+
+/// `FILE.messages.json`: where `weft chat` keeps a session's messages.
+pub fn messages_path(session: &Path) -> PathBuf {
+    let mut name = session.as_os_str().to_os_string();
+    name.push(".messages.json");
+    PathBuf::from(name)
+}
+
+/// The messages saved beside `session`: `None` when there is no file.
+pub fn load_messages(session: &Path) -> Result<Option<Vec<Message>>> {
+    let path = messages_path(session);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+    };
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if len > MAX_MESSAGES_BYTES {
+        bail!(
+            "{}: {len} bytes, more than the {MAX_MESSAGES_BYTES} a session's messages may take",
+            path.display()
+        );
+    }
+    let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
+        .with_context(|| format!("{}: not a messages file (JSON)", path.display()))?;
+    let list = value
+        .get("messages")
+        .and_then(|m| m.as_array())
+        .with_context(|| format!("{}: no `messages` array", path.display()))?;
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let field = |k: &str| m.get(k).and_then(|v| v.as_str());
+        match (field("role"), field("content")) {
+            (Some(role @ ("system" | "user" | "assistant")), Some(content)) => {
+                messages.push(Message::new(role, content))
+            }
+            _ => bail!(
+                "{}: message {i} needs a `role` (system, user or assistant) and a `content` string",
+                path.display()
+            ),
+        }
+    }
+    Ok(Some(messages))
+}
+
+/// Replaces the messages file beside `session` atomically: a temporary file
+/// in the same directory, synced, then renamed over it.
+pub fn save_messages(session: &Path, messages: &[Message]) -> Result<()> {
+    let path = messages_path(session);
+    let list: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    let bytes = serde_json::to_vec_pretty(&serde_json::json!({ "messages": list }))?;
+    let tmp = {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(format!(".tmp-{}", std::process::id()));
+        PathBuf::from(name)
+    };
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", path.display()));
+    }
+    Ok(())
 }

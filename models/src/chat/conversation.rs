@@ -80,6 +80,19 @@ impl Conversation {
         c
     }
 
+    /// A conversation continued from `messages` whose cache already holds
+    /// `cached` (a saved session: the ids at positions `0..cached.len()`).
+    /// It has no snapshots, so a turn whose render departs from `cached`
+    /// prefills from the start.
+    pub fn resume(messages: Vec<Message>, cached: Vec<TokenId>) -> Conversation {
+        Conversation {
+            messages,
+            pending: cached.clone(),
+            cached,
+            snapshots: Vec::new(),
+        }
+    }
+
     /// The messages so far.
     pub fn messages(&self) -> &[Message] {
         &self.messages
