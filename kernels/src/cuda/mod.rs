@@ -469,7 +469,9 @@ impl CudaKernels {
                         node.inputs[0].rows(),
                         node.inputs[1].dtype,
                         node.outputs[0].dtype,
-                    ) =>
+                    )
+                    && fast::attention_prefill::shared_bytes(p.head_dim)
+                        <= self.large_shared_limit =>
                 {
                     attention::launch_prefill_fast(self, s, node, p, ins, outs, step)
                 }

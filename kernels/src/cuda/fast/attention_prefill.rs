@@ -1,6 +1,7 @@
 //! Flash attention on the tensor cores for prefill (fast/attention_prefill.cu):
 //! [`MIN_ROWS`] or more query rows over an f16 cache, head sizes 64 and
-//! 128, an f32 output; other prefills take the exact tiled kernel.
+//! 128, an f32 output, on a device whose blocks can take its shared memory
+//! ([`shared_bytes`]); other prefills take the exact tiled kernel.
 
 use super::super::attention::AttnArgs;
 use super::super::launch::{bad_call, check_aligned, launch as enqueue, Arg};
