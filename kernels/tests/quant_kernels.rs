@@ -176,7 +176,7 @@ mod quant {
     fn matmul_is_bit_identical_across_paths_and_matches_the_reference() {
         let mut rng = Rng::from_env(13);
         for dtype in SUPPORTED_WEIGHTS.into_iter().chain(REFERENCE_WEIGHTS) {
-            for _ in 0..4 {
+            for _ in 0..8 {
                 let k = random_k(&mut rng, dtype);
                 let k = if rng.next() & 1 == 0 {
                     k.next_multiple_of(32)
@@ -184,7 +184,8 @@ mod quant {
                     k
                 };
                 let rows = [rng.range(1, 40), 4 * rng.range(1, 10)][rng.range(0, 2)];
-                let n = [1, 2, rng.range(3, 21)][rng.range(0, 3)];
+                // 1 to 4 rows take the decode kernels, more the prefill ones.
+                let n = [1, 2, 3, 4, rng.range(5, 21)][rng.range(0, 5)];
                 let (w, a) = problem(&mut rng, dtype, rows, k, n);
                 let (wr, ar) = (w.len() / rows, a.len() / n);
                 let float = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);

@@ -1,6 +1,7 @@
 //! AVX-512 (VNNI) decode kernel for the 32-element formats (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0): one activation row against a range of weight rows,
-//! straight from the GGUF rows.
+//! Q5_0, Q5_1, Q8_0): one to [`MAX_TOKENS`] activation rows (a decode step
+//! of a few sequences) against a range of weight rows, straight from the
+//! GGUF rows, each weight block read once for all of them.
 //!
 //! **Layout.** Two weight rows per 512-bit register: each 256-bit half is
 //! ggml's AVX2 register for its row (lane `l` = elements `4l..4l+3` of the
@@ -28,29 +29,51 @@ const ROWS: usize = 8;
 /// Groups of `ROWS` ahead to prefetch.
 const PREFETCH_GROUPS: usize = 2;
 
-/// Decode: `out[r] = w_row(r) . act` for `rows` consecutive weight rows
-/// starting at `w` (`row_bytes` apart, `nb` blocks each) and one activation
-/// row `act`, using `tok` (room for `nb` entries) as scratch. `out` has
-/// room for `rows` floats.
+/// Most activation rows [`matvec`] takes in one pass over the weights
+/// (a decode step of a few sequences); more take the prefill kernel.
+pub(crate) const MAX_TOKENS: usize = 4;
+
+/// Decode: `out[t * stride + r] = w_row(r) . act_row(t)` for `rows`
+/// consecutive weight rows starting at `w` (`row_bytes` apart, `nb` blocks
+/// each) and `T` activation rows from `act` (`act_row` bytes apart), using
+/// `tok` (room for `T * nb` entries) as scratch. Each weight block is read
+/// once for all `T` rows; every row's products are computed exactly as for
+/// one row alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matvec<F: Block32>(
+pub(crate) unsafe fn matvec<F: Block32, const T: usize>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     act: *const u8,
+    act_row: usize,
     nb: usize,
     out: *mut f32,
+    stride: usize,
     tok: *mut TokBlock,
 ) {
-    prepare_tokens::<F>(act, nb, tok);
+    let acts: [*const u8; T] = core::array::from_fn(|t| act.add(t * act_row));
+    let toks: [*const TokBlock; T] = core::array::from_fn(|t| tok.add(t * nb) as *const TokBlock);
+    for t in 0..T {
+        prepare_tokens::<F>(acts[t], nb, tok.add(t * nb));
+    }
     let mut r0 = 0;
     while r0 < rows {
         let valid = (rows - r0).min(ROWS);
         let ahead = r0 + ROWS * PREFETCH_GROUPS;
         let next = (ahead < rows).then(|| w.add(ahead * row_bytes));
-        let res = rows8::<F>(w.add(r0 * row_bytes), row_bytes, valid, act, tok, nb, next);
-        _mm256_mask_storeu_ps(out.add(r0), ((1u16 << valid) - 1) as u8, res);
+        let res = rows8::<F, T>(
+            w.add(r0 * row_bytes),
+            row_bytes,
+            valid,
+            &acts,
+            &toks,
+            nb,
+            next,
+        );
+        for (t, r) in res.iter().enumerate() {
+            _mm256_mask_storeu_ps(out.add(t * stride + r0), ((1u16 << valid) - 1) as u8, *r);
+        }
         r0 += ROWS;
     }
 }
@@ -93,20 +116,20 @@ unsafe fn codes2<F: Block32>(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
-/// Eight rows (the last `8 - valid` repeat row `valid - 1`) against one
-/// activation row (`tok`: its prepared blocks); returns the eight dot
-/// products. `next`: rows to prefetch.
+/// Eight rows (the last `8 - valid` repeat row `valid - 1`) against `T`
+/// activation rows (`toks[t]`: row `t`'s prepared blocks); returns the
+/// eight dot products of each. `next`: rows to prefetch.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn rows8<F: Block32>(
+unsafe fn rows8<F: Block32, const T: usize>(
     base: *const u8,
     row_bytes: usize,
     valid: usize,
-    act: *const u8,
-    tok: *const TokBlock,
+    acts: &[*const u8; T],
+    toks: &[*const TokBlock; T],
     nb: usize,
     next: Option<*const u8>,
-) -> __m256 {
+) -> [__m256; T] {
     let offs = row_offsets(row_bytes, valid);
     let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
     let ab = act_bytes(F::HAS_MIN);
@@ -117,7 +140,7 @@ unsafe fn rows8<F: Block32>(
         _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
     });
     let z = _mm512_setzero_ps();
-    let (mut acc, mut summs) = ([z; 4], z);
+    let (mut acc, mut summs) = ([[z; 4]; T], [z; T]);
     for b in 0..nb {
         let x = base.add(b * F::BYTES);
         if let Some(n) = next {
@@ -127,26 +150,30 @@ unsafe fn rows8<F: Block32>(
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
             }
         }
-        let tb = &*tok.add(b);
         let t = _mm512_cvtph_ps(_mm256_i32gather_epi32::<1>(x as *const i32, voffs));
-        let d = _mm512_mul_ps(t, _mm512_set1_ps(tb.dy));
-        if F::HAS_MIN {
-            summs = _mm512_fmadd_ps(t, _mm512_set1_ps(tb.s), summs);
-        }
-        let qy = act.add(b * ab + act_qs(F::HAS_MIN));
-        let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(qy as *const __m256i));
-        let init = if F::OFFSET == 0 {
-            _mm512_setzero_si512()
-        } else {
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(tb.init.as_ptr() as *const __m256i))
-        };
-        for (p, acc) in acc.iter_mut().enumerate() {
-            let (xa, xb) = (
+        let codes: [__m512i; 4] = core::array::from_fn(|p| {
+            codes2::<F>(
                 x.offset(offs[2 * p] as isize),
                 x.offset(offs[2 * p + 1] as isize),
-            );
-            let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, codes2::<F>(xa, xb), a));
-            *acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), lanes, *acc);
+            )
+        });
+        for tt in 0..T {
+            let tb = &*toks[tt].add(b);
+            let d = _mm512_mul_ps(t, _mm512_set1_ps(tb.dy));
+            if F::HAS_MIN {
+                summs[tt] = _mm512_fmadd_ps(t, _mm512_set1_ps(tb.s), summs[tt]);
+            }
+            let qy = acts[tt].add(b * ab + act_qs(F::HAS_MIN));
+            let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(qy as *const __m256i));
+            let init = if F::OFFSET == 0 {
+                _mm512_setzero_si512()
+            } else {
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(tb.init.as_ptr() as *const __m256i))
+            };
+            for (p, acc) in acc[tt].iter_mut().enumerate() {
+                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, codes[p], a));
+                *acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[p], d), lanes, *acc);
+            }
         }
     }
     // hsum_float_8 per row: halves, then pairs, then the two sums.
@@ -158,16 +185,18 @@ unsafe fn rows8<F: Block32>(
         let s2 = _mm512_add_ps(s, _mm512_permute_ps::<0b11_10_11_10>(s));
         _mm512_add_ps(s2, _mm512_permute_ps::<0b11_11_01_01>(s2))
     };
-    let (s03, s47) = (fold(acc[0], acc[1]), fold(acc[2], acc[3]));
     let pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
-    let res = _mm512_castps512_ps256(_mm512_permutex2var_ps(s03, pick, s47));
-    if F::HAS_MIN {
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm256_add_ps(
-            res,
-            _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, summs)),
-        )
-    } else {
-        res
-    }
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    core::array::from_fn(|tt| {
+        let (s03, s47) = (fold(acc[tt][0], acc[tt][1]), fold(acc[tt][2], acc[tt][3]));
+        let res = _mm512_castps512_ps256(_mm512_permutex2var_ps(s03, pick, s47));
+        if F::HAS_MIN {
+            _mm256_add_ps(
+                res,
+                _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, summs[tt])),
+            )
+        } else {
+            res
+        }
+    })
 }

@@ -292,17 +292,22 @@ unsafe fn block32<F: Block32>(isa: Isa, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 32;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if c.n == 1 => with_scratch(nb * size_of::<avx512_b32::TokBlock>(), |s| {
-            avx512_b32_mv::matvec::<F>(
-                c.w,
-                c.row_bytes,
-                c.rows,
-                c.act,
-                nb,
-                c.out,
-                s as *mut avx512_b32::TokBlock,
-            )
-        }),
+        Isa::Avx512 if c.n <= avx512_b32_mv::MAX_TOKENS => {
+            let bytes = c.n * nb * size_of::<avx512_b32::TokBlock>();
+            with_scratch(bytes, |s| {
+                let tok = s as *mut avx512_b32::TokBlock;
+                let (w, rb, rows, act, ar, out, st) =
+                    (c.w, c.row_bytes, c.rows, c.act, c.act_row, c.out, c.stride);
+                match c.n {
+                    0 => {}
+                    1 => avx512_b32_mv::matvec::<F, 1>(w, rb, rows, act, ar, nb, out, st, tok),
+                    2 => avx512_b32_mv::matvec::<F, 2>(w, rb, rows, act, ar, nb, out, st, tok),
+                    3 => avx512_b32_mv::matvec::<F, 3>(w, rb, rows, act, ar, nb, out, st, tok),
+                    4 => avx512_b32_mv::matvec::<F, 4>(w, rb, rows, act, ar, nb, out, st, tok),
+                    _ => unreachable!("at most MAX_TOKENS rows take the decode kernel"),
+                }
+            })
+        }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => with_scratch(avx512_b32::gemm_scratch_bytes(c.n, nb), |s| {
             avx512_b32::gemm::<F>(
