@@ -54,8 +54,8 @@ pub(crate) unsafe fn matvec<F: Block32, const T: usize>(
 ) {
     let acts: [*const u8; T] = core::array::from_fn(|t| act.add(t * act_row));
     let toks: [*const TokBlock; T] = core::array::from_fn(|t| tok.add(t * nb) as *const TokBlock);
-    for t in 0..T {
-        prepare_tokens::<F>(acts[t], nb, tok.add(t * nb));
+    for (t, &a) in acts.iter().enumerate() {
+        prepare_tokens::<F>(a, nb, tok.add(t * nb));
     }
     let mut r0 = 0;
     while r0 < rows {
