@@ -15,6 +15,14 @@ fn smollm2() -> Option<PathBuf> {
 }
 
 fn weft(model: &std::path::Path, args: &[&str], stdin: Option<&str>) -> (String, String) {
+    let (ok, stdout, stderr) = weft_status(model, args, stdin.unwrap_or(""));
+    assert!(ok, "weft {args:?} failed:\n{stderr}");
+    (stdout, stderr)
+}
+
+/// `weft ARGS --backend cpu --threads 2 --model MODEL` with `stdin`:
+/// (success, stdout, stderr).
+fn weft_status(model: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(args)
         .args(["--backend", "cpu", "--threads", "2", "--model"])
@@ -25,16 +33,14 @@ fn weft(model: &std::path::Path, args: &[&str], stdin: Option<&str>) -> (String,
         .spawn()
         .expect("weft runs");
     let mut pipe = child.stdin.take().expect("stdin");
-    pipe.write_all(stdin.unwrap_or("").as_bytes())
-        .expect("write stdin");
+    pipe.write_all(stdin.as_bytes()).expect("write stdin");
     drop(pipe);
     let out = child.wait_with_output().expect("weft ends");
-    let (stdout, stderr) = (
+    (
+        out.status.success(),
         String::from_utf8(out.stdout).expect("utf-8 stdout"),
         String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    );
-    assert!(out.status.success(), "weft {args:?} failed:\n{stderr}");
-    (stdout, stderr)
+    )
 }
 
 fn template(model: &std::path::Path) -> (ChatTemplate, Tokenizer) {
@@ -259,29 +265,6 @@ fn template_errors_name_the_file_and_the_place() {
     assert!(err.contains("m.content + 1"), "{err}");
 }
 
-/// `weft chat` with stdin `input` and `args`; (success, stdout, stderr).
-fn chat_status(model: &std::path::Path, args: &[&str], input: &str) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .arg("chat")
-        .args(args)
-        .args(["--backend", "cpu", "--threads", "2", "--model"])
-        .arg(model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("weft runs");
-    let mut pipe = child.stdin.take().expect("stdin");
-    pipe.write_all(input.as_bytes()).expect("write stdin");
-    drop(pipe);
-    let out = child.wait_with_output().expect("weft ends");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn chat_session_continues_across_processes() {
     let Some(model) = smollm2() else { return };
@@ -304,7 +287,7 @@ fn chat_session_continues_across_processes() {
         let mut args: Vec<&str> = greedy.to_vec();
         args.extend(["--session", f]);
         args.extend(extra);
-        chat_status(&model, &args, input)
+        weft_status(&model, &[&["chat"], &args[..]].concat(), input)
     };
     // First process: the first answer, both files written.
     let (ok, out1, err1) = with_session(&[], &format!("{QUESTION}\n"));
