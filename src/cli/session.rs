@@ -15,11 +15,10 @@
 //! departs from the cached tokens prefills from the start.
 
 use anyhow::{bail, Context, Result};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use weft::models::chat::Message;
 use weft::models::{LogitRows, Model};
-use weft::runtime::cache::{ChunkPolicy, KvCache};
+use weft::runtime::cache::{read_bounded, write_atomically, Bounded, ChunkPolicy, KvCache};
 use weft::runtime::GraphExecutor;
 
 /// A session file and the tokens its cache holds.
@@ -136,22 +135,16 @@ pub fn messages_path(session: &Path) -> PathBuf {
 /// The messages saved beside `session`: `None` when there is no file.
 pub fn load_messages(session: &Path) -> Result<Option<Vec<Message>>> {
     let path = messages_path(session);
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
-    };
-    let len = file
-        .metadata()
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .len();
-    if len > MAX_MESSAGES_BYTES {
-        bail!(
+    let bytes = match read_bounded(&path, MAX_MESSAGES_BYTES) {
+        Ok(Bounded::Bytes(b)) => b,
+        Ok(Bounded::TooLarge(len)) => bail!(
             "{}: {len} bytes, more than the {MAX_MESSAGES_BYTES} a session's messages may take",
             path.display()
-        );
-    }
-    let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
+        ),
+        Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("{}: not a messages file (JSON)", path.display()))?;
     let list = value
         .get("messages")
@@ -173,33 +166,14 @@ pub fn load_messages(session: &Path) -> Result<Option<Vec<Message>>> {
     Ok(Some(messages))
 }
 
-/// Replaces the messages file beside `session` atomically: a temporary file
-/// in the same directory, synced, then renamed over it.
+/// Replaces the messages file beside `session` atomically (the checkpoint
+/// files' [`write_atomically`]).
 pub fn save_messages(session: &Path, messages: &[Message]) -> Result<()> {
-    let path = messages_path(session);
     let list: Vec<serde_json::Value> = messages
         .iter()
         .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
         .collect();
     let bytes = serde_json::to_vec_pretty(&serde_json::json!({ "messages": list }))?;
-    let tmp = {
-        let mut name = path.as_os_str().to_os_string();
-        name.push(format!(".tmp-{}", std::process::id()));
-        PathBuf::from(name)
-    };
-    let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", path.display()));
-    }
+    write_atomically(&messages_path(session), &bytes)?;
     Ok(())
 }

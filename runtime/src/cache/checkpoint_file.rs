@@ -1,4 +1,5 @@
-//! Checkpoint files on disk: written atomically, read with a size bound.
+//! Checkpoint files (and the CLI's session files beside them) on disk:
+//! written atomically, read with a size bound.
 //!
 //! A save writes a temporary file with a name unique to this process and
 //! call, in the target's own directory (so the rename cannot cross file
@@ -18,10 +19,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a file operation failed: what was attempted, on which path.
 #[derive(Debug)]
-pub(crate) struct FileError {
+pub struct FileError {
     pub what: &'static str,
     pub path: PathBuf,
     pub source: io::Error,
+}
+
+impl std::error::Error for FileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 impl std::fmt::Display for FileError {
@@ -76,7 +83,7 @@ fn create_temporary(dir: &Path, name: &str) -> Result<(Temporary, File), FileErr
 
 /// Replaces `path` by a file holding exactly `bytes`, atomically and
 /// durably (see the module doc).
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     let name = path
         .file_name()
         .ok_or_else(|| {
@@ -116,14 +123,14 @@ fn sync_directory(_dir: &Path) -> Result<(), FileError> {
 }
 
 /// What [`read_bounded`] found.
-pub(crate) enum Bounded {
+pub enum Bounded {
     Bytes(Vec<u8>),
     /// The file holds more than the bound (its size, or at least bound + 1).
     TooLarge(u64),
 }
 
 /// The bytes of `path` if it holds at most `limit` bytes.
-pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Bounded, FileError> {
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Bounded, FileError> {
     let file = File::open(path).map_err(at("read", path))?;
     let len = file.metadata().map_err(at("read", path))?.len();
     if len > limit {

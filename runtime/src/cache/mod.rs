@@ -37,6 +37,7 @@ mod transaction;
 pub use checkpoint::{
     checkpoint_bound, CheckpointInfo, ModelIdentity, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
 };
+pub use checkpoint_file::{read_bounded, write_atomically, Bounded, FileError};
 pub use chunking::{ChunkPolicy, LARGE_WEIGHTS_BYTES};
 pub use cohort::{Cohort, CohortSpan, CohortTickets};
 pub use config::{CacheConfig, LayerMemory, LayerSpec, MemoryReport};
