@@ -69,6 +69,24 @@ fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Ca
     }
 }
 
+/// A prefill chunk's routed-expert product: `n` tokens, six distinct
+/// experts each out of `experts` (x shared by a token's slots), random
+/// weight blocks.
+fn expert_case(rng: &mut Rng, wdtype: DType, experts: usize, m: usize, k: usize, n: usize) -> Case {
+    use cuda_common::experts::{expert_weights, matmul_id_node, route, Route};
+    let mut mem = HostMemory::default();
+    let w = expert_weights(rng, &mut mem, wdtype, [experts, m, k], 0, true);
+    let ids = route(rng, Route::Distinct, n, 6, experts);
+    let nd = matmul_id_node(rng, &mut mem, w, &ids, n, false);
+    let bytes = experts * m * wdtype.row_bytes(k).unwrap();
+    Case {
+        name: format!("matmul_id {wdtype} {experts}x{m}x{k} n={n}"),
+        nodes: vec![nd],
+        mem,
+        bytes,
+    }
+}
+
 /// The feed-forward's fused gate/up projection with silu_mul and quantize
 /// (one decode token), weights rotated as in `matvec_case`.
 fn gate_up_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
@@ -421,6 +439,13 @@ fn main() {
         matvec_case(&mut rng, DType::Q4_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q6_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q4_K, 896, 4864, n),
+        // DeepSeek-V4's routed experts (gate/up 2048 x 4096, down 4096 x
+        // 2048) over a 512-token chunk, 16 and 64 experts.
+        expert_case(&mut rng, DType::IQ2_XXS, 16, 2048, 4096, n),
+        expert_case(&mut rng, DType::Q2_K, 16, 4096, 2048, n),
+        expert_case(&mut rng, DType::MXFP4, 16, 2048, 4096, n),
+        expert_case(&mut rng, DType::Q4_K, 16, 4096, 2048, n),
+        expert_case(&mut rng, DType::IQ2_XXS, 64, 2048, 4096, n),
         attention_case(&mut rng, n, 0),
         attention_case(&mut rng, 4096, 0),
         attention_case(&mut rng, 1, 4095),

@@ -17,6 +17,8 @@ mod attention_prefill;
 mod cuda_common;
 #[path = "cuda_fast/matmul.rs"]
 mod matmul;
+#[path = "cuda_fast/matmul_id.rs"]
+mod matmul_id;
 
 use cuda_common::*;
 use std::sync::{Arc, OnceLock};
@@ -410,4 +412,12 @@ fn fused_qkv_split_attention_matches_the_chain() {
         "fused split attention:\n{}",
         failures.join("\n")
     );
+}
+
+/// f32 values of little-endian output bytes.
+fn bytemuck_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }

@@ -55,8 +55,9 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
 }
 
 /// Bytes of device scratch one launch needs.
-pub(super) fn scratch_bytes(node: &OpNode) -> usize {
+pub(super) fn scratch_bytes(k: &CudaKernels, node: &OpNode) -> usize {
     match family(&node.op) {
+        Some(Family::ExpertMatMul) => matmul_id::scratch_bytes(k, node),
         Some(Family::Compression) => compress::scratch_bytes(node),
         Some(Family::SinkAttention) => sink_attention::scratch_bytes(node),
         _ => 0,
@@ -92,7 +93,7 @@ pub(super) unsafe fn launch(
         Some(Family::Compression) => compress::launch(k, s, node, ins, outs, scratch, step),
         Some(Family::SinkAttention) => sink_attention::launch(k, s, node, ins, outs, scratch, step),
         Some(Family::Routing) => moe::launch(k, s, node, ins, outs),
-        Some(Family::ExpertMatMul) => matmul_id::launch(k, s, node, ins, outs),
+        Some(Family::ExpertMatMul) => matmul_id::launch(k, s, node, ins, outs, scratch),
         None => Err(super::launch::unsupported(
             node.op.name(),
             "the family dispatch".into(),

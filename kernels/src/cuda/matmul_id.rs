@@ -33,7 +33,9 @@
 //! `weft_ops::quant`'s reference dot products. The kernels find each
 //! pair's group size and rank on the device and follow the same order, so
 //! every supported format gives the CPU's bits. Ids outside `0..experts`
-//! give NaN rows (the CPU refuses them).
+//! give NaN rows (the CPU refuses them). In numerics `fast`, a prefill
+//! chunk's product (the experts averaging four pairs or more) takes the
+//! grouped tensor-core product of `fast/matmul_id.rs` instead.
 //!
 //! **Limits.** Formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 //! Q6_K, Q2_K, IQ2_XXS, MXFP4 (others, Q3_K and Q5_K among them, are
@@ -41,6 +43,7 @@
 //! bytes per expert when more than 32 pairs are routed) stays within the
 //! default 48 KiB: rows up to about 40,000 values.
 
+use super::fast::matmul_id::Grouped;
 use super::launch::{bad_call, check_aligned, check_arity, launch as enqueue, unsupported, Arg};
 use super::{CudaKernels, DeviceTensor};
 use cudarc::driver::CudaStream;
@@ -302,6 +305,21 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     plan(node).map(|_| ())
 }
 
+/// The grouped tensor-core plan, where numerics `fast` takes one.
+fn grouped(k: &CudaKernels, node: &OpNode) -> Option<Grouped> {
+    if k.numerics() != crate::Numerics::Fast {
+        return None;
+    }
+    plan(node).ok()?;
+    Grouped::of(node)
+}
+
+/// Scratch of one launch: the grouped product's quantized activations and
+/// routing table (numerics `fast`, prefill chunks); none otherwise.
+pub(super) fn scratch_bytes(k: &CudaKernels, node: &OpNode) -> usize {
+    grouped(k, node).map_or(0, |g| g.scratch_bytes())
+}
+
 /// # Safety
 /// See [`CudaKernels::launch`].
 pub(super) unsafe fn launch(
@@ -310,6 +328,7 @@ pub(super) unsafe fn launch(
     node: &OpNode,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
+    scratch: u64,
 ) -> Result<(), OpError> {
     check_arity(OP, ins, outs, 3)?;
     let p = plan(node)?;
@@ -320,6 +339,9 @@ pub(super) unsafe fn launch(
     check_aligned(OP, out, 4)?;
     if p.pairs == 0 || p.m == 0 || p.k == 0 {
         return Ok(());
+    }
+    if let Some(g) = grouped(k, node) {
+        return g.launch(k, s, ins, out.ptr, scratch);
     }
     let (kernel, shared, astride) = match &p.d1 {
         Some((name, shared, astride)) if w.ptr % 16 == 0 => (name.as_str(), *shared, *astride),

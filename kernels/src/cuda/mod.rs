@@ -148,6 +148,7 @@ impl CudaKernels {
             proj_attention::SPLIT_KERNELS,
             fast::attention::KERNELS,
             fast::matmul::KERNELS,
+            fast::matmul_id::KERNELS,
             fast::attention_prefill::KERNELS,
             rope::KERNELS,
             rows::KERNELS,
@@ -167,6 +168,7 @@ impl CudaKernels {
             .chain(matmul::GROUP_KERNELS)
             .chain(attention::LARGE_SHARED)
             .chain(fast::attention_prefill::KERNELS)
+            .chain(fast::matmul_id::KERNELS)
             .chain(proj_attention::KERNELS)
             .chain(proj_attention::SPLIT_KERNELS)
         {
@@ -308,7 +310,7 @@ impl CudaKernels {
                 let q = proj_attention::scratch_bytes(node);
                 split.map_or(q, |s| q.next_multiple_of(256) + s.scratch_bytes(&p.attn))
             }
-            op if family::owns(op) => family::scratch_bytes(node),
+            op if family::owns(op) => family::scratch_bytes(self, node),
             _ => 0,
         }
     }

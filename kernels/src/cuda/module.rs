@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 24] = [
+const SOURCES: [(&str, &str); 25] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -28,7 +28,6 @@ const SOURCES: [(&str, &str); 24] = [
     ("fused.cu", include_str!("fused.cu")),
     ("proj_attn.cu", include_str!("proj_attn.cu")),
     ("fast/attention.cu", include_str!("fast/attention.cu")),
-    ("fast/matmul.cu", include_str!("fast/matmul.cu")),
     (
         "fast/attention_prefill.cu",
         include_str!("fast/attention_prefill.cu"),
@@ -45,6 +44,8 @@ const SOURCES: [(&str, &str); 24] = [
     ("matmul_id.cu", include_str!("matmul_id.cu")),
     ("matmul_id_kquant.cu", include_str!("matmul_id_kquant.cu")),
     ("matmul_id_decode.cu", include_str!("matmul_id_decode.cu")),
+    ("fast/matmul.cu", include_str!("fast/matmul.cu")),
+    ("fast/matmul_id.cu", include_str!("fast/matmul_id.cu")),
 ];
 
 /// The whole program, with `#line` markers so compiler messages name the file.

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod experts;
+
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use weft_kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};

@@ -96,10 +96,3 @@ fn tensor_core_matmul_matches_the_reference() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
-
-fn bytemuck_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}

@@ -6,3 +6,4 @@
 pub(super) mod attention;
 pub(super) mod attention_prefill;
 pub(super) mod matmul;
+pub(super) mod matmul_id;
