@@ -19,6 +19,7 @@ fn load(device: Device) -> (GraphExecutor, Model) {
         .expect("model");
     let config = ExecutorConfig {
         threads: 2,
+        cuda: weft_testkit::require::cuda_config(),
         ..Default::default()
     };
     let mut exec = GraphExecutor::with_config(device, config).expect("executor");
@@ -267,6 +268,7 @@ fn planned_decode_steps_equal_fresh_schedules_and_the_cpu() {
         .expect("model");
     let config = ExecutorConfig {
         diagnostics: DiagnosticsConfig::checked(),
+        cuda: weft_testkit::require::cuda_config(),
         ..Default::default()
     };
     let mut gpu = GraphExecutor::with_config(Device::Cuda(0), config).expect("executor");

@@ -64,3 +64,13 @@ pub fn cuda_or_skip() -> bool {
         }
     }
 }
+
+/// The CUDA settings a test executor takes: the defaults, with the folder
+/// of compiled kernels that `WEFT_CUDA_PTX_CACHE` names (the device
+/// scripts fill it, so a test process skips NVRTC's minutes of compiling).
+pub fn cuda_config() -> weft_runtime::CudaConfig {
+    weft_runtime::CudaConfig {
+        ptx_cache: std::env::var_os("WEFT_CUDA_PTX_CACHE").map(std::path::PathBuf::from),
+        ..Default::default()
+    }
+}

@@ -141,6 +141,7 @@ pub fn check_greedy_one_step_ahead(f: &Fixture, device: weft::runtime::Device) {
     let config = ExecutorConfig {
         threads: 2,
         diagnostics: DiagnosticsConfig::checked(),
+        cuda: weft_testkit::require::cuda_config(),
         ..ExecutorConfig::default()
     };
     let mut exec = GraphExecutor::with_config(device, config).expect("executor");
