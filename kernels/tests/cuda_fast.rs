@@ -421,3 +421,45 @@ fn bytemuck_f32(bytes: &[u8]) -> Vec<f32> {
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
 }
+
+/// Per output, the absolute sum of the products of activation row `x` and
+/// weight row `w` for each `(x, w)` of `rows` (f32 values, rows of `k`).
+fn abs_dot_sums(
+    xf: &[f32],
+    wf: &[f32],
+    k: usize,
+    rows: impl Iterator<Item = (usize, usize)>,
+) -> Vec<f64> {
+    rows.map(|(x, w)| {
+        xf[x * k..(x + 1) * k]
+            .iter()
+            .zip(&wf[w * k..(w + 1) * k])
+            .map(|(a, b)| (*a as f64 * *b as f64).abs())
+            .sum()
+    })
+    .collect()
+}
+
+/// A product's outputs against the reference, each within `tol` of its
+/// sum of |w x| (plus 1e-6): the worst relative error, and the first
+/// output past the bound (index, value, reference).
+fn within_product_bound(
+    out: &[f32],
+    want: &[f32],
+    sums: &[f64],
+    tol: f64,
+) -> (f64, Option<(usize, f32, f32)>) {
+    let mut worst = 0f64;
+    let mut bad = None;
+    for (i, (a, b)) in out.iter().zip(want).enumerate() {
+        let err = (*a as f64 - *b as f64).abs();
+        if err > tol * sums[i] + 1e-6 || err.is_nan() {
+            bad.get_or_insert((i, *a, *b));
+        }
+        let rel = err / (sums[i] + 1e-30);
+        if rel.is_finite() {
+            worst = worst.max(rel);
+        }
+    }
+    (worst, bad)
+}

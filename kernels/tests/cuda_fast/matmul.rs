@@ -29,23 +29,10 @@ const CASES: &[(DType, usize, usize, usize)] = &[
 
 /// Per output, the absolute sum of the dequantized products.
 fn abs_sums(mem: &HostMemory, x: &Tensor, w: &Tensor) -> Vec<f64> {
-    let xf = mem.to_f32(x).unwrap();
-    let wf = mem.to_f32(w).unwrap();
-    let k = w.cols();
-    let mut out = Vec::with_capacity(x.rows() * w.rows());
-    for t in 0..x.rows() {
-        let xr = &xf[t * k..(t + 1) * k];
-        for r in 0..w.rows() {
-            let wr = &wf[r * k..(r + 1) * k];
-            out.push(
-                xr.iter()
-                    .zip(wr)
-                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                    .sum(),
-            );
-        }
-    }
-    out
+    let (xf, wf) = (mem.to_f32(x).unwrap(), mem.to_f32(w).unwrap());
+    let m = w.rows();
+    let rows = (0..x.rows()).flat_map(|t| (0..m).map(move |r| (t, r)));
+    abs_dot_sums(&xf, &wf, w.cols(), rows)
 }
 
 #[test]
@@ -71,19 +58,7 @@ fn tensor_core_matmul_matches_the_reference() {
         let sums = abs_sums(&mem, &x, &w);
         for (launch, outs) in got.iter().enumerate() {
             let out = bytemuck_f32(&outs[0]);
-            let mut worst = 0f64;
-            let mut bad = None;
-            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                let err = (*a as f64 - *b as f64).abs();
-                let bound = MATMUL_TOLERANCE * sums[i] + 1e-6;
-                let rel = err / (sums[i] + 1e-30);
-                if err > bound || err.is_nan() {
-                    bad.get_or_insert((i, *a, *b));
-                }
-                if rel.is_finite() {
-                    worst = worst.max(rel);
-                }
-            }
+            let (worst, bad) = within_product_bound(&out, &want, &sums, MATMUL_TOLERANCE);
             eprintln!("NOTE fast matmul {wdtype} m {m} n {n} k {k} launch {launch}: worst |err| / sum|wx| {worst:.2e}");
             if let Some((i, a, b)) = bad {
                 failures.push(format!(

@@ -39,31 +39,18 @@ const CASES: &[IdCase] = &[
 /// Per (pair, row), the absolute sum of the dequantized products.
 fn abs_sums(mem: &HostMemory, nd: &OpNode) -> Vec<f64> {
     let (x, w, ids) = (&nd.inputs[0], &nd.inputs[1], &nd.inputs[2]);
-    let xf = mem.to_f32(x).unwrap();
-    let wf = mem.to_f32(w).unwrap();
-    let id: Vec<i32> = mem
+    let (xf, wf) = (mem.to_f32(x).unwrap(), mem.to_f32(w).unwrap());
+    let id: Vec<usize> = mem
         .bytes(ids)
         .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
         .collect();
-    let dims = w.shape.dims();
-    let (m, k) = (dims[1], dims[2]);
-    let slots = ids.cols();
-    let mut out = Vec::with_capacity(id.len() * m);
-    for (p, &e) in id.iter().enumerate() {
-        let row = if x.rows() == ids.rows() { p / slots } else { p };
-        let xr = &xf[row * k..(row + 1) * k];
-        for r in 0..m {
-            let wr = &wf[(e as usize * m + r) * k..][..k];
-            out.push(
-                xr.iter()
-                    .zip(wr)
-                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                    .sum(),
-            );
-        }
-    }
-    out
+    let (m, slots, shared) = (w.shape.dims()[1], ids.cols(), x.rows() == ids.rows());
+    let rows = id.iter().enumerate().flat_map(|(p, &e)| {
+        let row = if shared { p / slots } else { p };
+        (0..m).map(move |r| (row, e * m + r))
+    });
+    abs_dot_sums(&xf, &wf, w.shape.dims()[2], rows)
 }
 
 #[test]
@@ -88,18 +75,7 @@ fn grouped_expert_matmul_matches_the_cpu() {
         let sums = abs_sums(&mem, &nd);
         for (launch, outs) in got.iter().enumerate() {
             let out = bytemuck_f32(&outs[0]);
-            let mut worst = 0f64;
-            let mut bad = None;
-            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                let err = (*a as f64 - *b as f64).abs();
-                if err > MATMUL_ID_TOLERANCE * sums[i] + 1e-6 || err.is_nan() {
-                    bad.get_or_insert((i, *a, *b));
-                }
-                let rel = err / (sums[i] + 1e-30);
-                if rel.is_finite() {
-                    worst = worst.max(rel);
-                }
-            }
+            let (worst, bad) = within_product_bound(&out, &want, &sums, MATMUL_ID_TOLERANCE);
             eprintln!(
                 "NOTE fast matmul_id {dtype} {experts}x{m}x{k} {n} tokens {how:?} launch {launch}: worst |err| / sum|wx| {worst:.2e}"
             );

@@ -34,7 +34,7 @@ const CHUNKS: usize = 4;
 const STRIDE_WORDS: usize = CHUNKS * 8 + 4;
 
 /// The kernel-name part of a weight format the tensor-core product takes.
-fn format_name(w: DType) -> Option<&'static str> {
+pub(in crate::cuda) fn format_name(w: DType) -> Option<&'static str> {
     Some(match w {
         DType::Q4_0 => "q4_0",
         DType::Q4_1 => "q4_1",

@@ -52,18 +52,14 @@ const THREADS: u32 = 128;
 const CHUNKS: usize = 4;
 const STRIDE_WORDS: usize = CHUNKS * 8 + 4;
 
+/// The dense product's formats and the expert formats of DeepSeek-V4's
+/// files.
 fn format_name(w: DType) -> Option<&'static str> {
-    Some(match w {
-        DType::Q4_0 => "q4_0",
-        DType::Q4_1 => "q4_1",
-        DType::Q5_0 => "q5_0",
-        DType::Q8_0 => "q8_0",
-        DType::Q4_K => "q4_k",
-        DType::Q6_K => "q6_k",
-        DType::Q2_K => "q2_k",
-        DType::IQ2_XXS => "iq2_xxs",
-        DType::MXFP4 => "mxfp4",
-        _ => return None,
+    super::matmul::format_name(w).or(match w {
+        DType::Q2_K => Some("q2_k"),
+        DType::IQ2_XXS => Some("iq2_xxs"),
+        DType::MXFP4 => Some("mxfp4"),
+        _ => None,
     })
 }
 
