@@ -14,6 +14,10 @@
 //!   head: ~240 MB, the head ~178 MB of it); `decode_gemma3_head/{1,2}t`:
 //!   the head alone.
 //!
+//! - `QUANT_BENCH_BATCH=1`: a batch decode step of 1 to 4 sequences
+//!   through Qwen2.5-Coder-0.5B Q4_K_M's matrices, format by format, two
+//!   threads: milliseconds per pass and the cost against one sequence.
+//!
 //! Threads split the weight rows (`OutColumns::split_at`), one
 //! `std::thread::scope` per pass. `QUANT_BENCH_TABLE=1` prints a summary
 //! table (best of several passes, ratios to the measured bandwidth) instead
@@ -404,6 +408,56 @@ fn table() {
     }
 }
 
+/// A batch decode step's products: `n` activation rows (1 to 4) through
+/// Qwen2.5-Coder-0.5B Q4_K_M's matrices in their formats (24 layers of
+/// Q5_0 q, k, o, gate and up, Q5_0 or Q8_0 v, Q4_K or Q6_K down, and the
+/// 151936 x 896 Q8_0 head), then each format's matrices alone.
+fn batch() {
+    let mut rng = Rng::from_state(0x1234_5678_9abc_def1);
+    let (h, kv, f) = (896, 128, 4864);
+    let mut all = Vec::new();
+    for l in 0..24 {
+        let (v, down) = if l % 2 == 0 {
+            (DType::Q5_0, DType::Q4_K)
+        } else {
+            (DType::Q8_0, DType::Q6_K)
+        };
+        for (dtype, rows, k) in [
+            (DType::Q5_0, h, h),
+            (DType::Q5_0, kv, h),
+            (v, kv, h),
+            (DType::Q5_0, h, h),
+            (DType::Q5_0, f, h),
+            (DType::Q5_0, f, h),
+            (down, h, f),
+        ] {
+            all.push(matrix(&mut rng, dtype, rows, k));
+        }
+    }
+    all.push(matrix(&mut rng, DType::Q8_0, 151_936, h));
+    println!("batch decode, Qwen2.5-Coder-0.5B Q4_K_M's matrices, 2 threads, best of 5");
+    let mut groups: Vec<(String, Vec<Matrix>)> = Vec::new();
+    for dtype in [DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+        let (mine, rest): (Vec<Matrix>, Vec<Matrix>) =
+            all.into_iter().partition(|m| m.dtype == dtype);
+        all = rest;
+        groups.push((dtype.name().to_string(), mine));
+    }
+    for (name, mats) in &mut groups {
+        let mut one = None;
+        let mut line = format!("{name:<6}");
+        for n in 1..=4 {
+            let m = Model::with_acts(&mut rng, std::mem::take(mats), n);
+            let mut outs = m.outputs();
+            let ms = best(5, || m.pass(2, &mut outs)).as_secs_f64() * 1e3;
+            let base = *one.get_or_insert(ms);
+            line += &format!("  n={n}: {ms:.2} ms ({:.2}x n=1)", ms / base);
+            *mats = m.mats;
+        }
+        println!("{line}");
+    }
+}
+
 /// Cache-resident single matrices, best of many short runs: the kernels'
 /// compute throughput, robust to a loaded machine (short runs are rarely
 /// preempted).
@@ -489,6 +543,10 @@ fn main() {
     }
     if std::env::var("QUANT_BENCH_CHUNKS").is_ok_and(|v| v == "1") {
         chunks();
+        return;
+    }
+    if std::env::var("QUANT_BENCH_BATCH").is_ok_and(|v| v == "1") {
+        batch();
         return;
     }
     if std::env::var("QUANT_BENCH_HOT").is_ok_and(|v| v == "1") {

@@ -30,6 +30,7 @@
 use super::avx512_kq_mv::{self, sum4_transposed};
 use super::formats::kq;
 use super::matmul::RawCall;
+use super::order::TILED_MIN_ROWS;
 use super::{scalar, DotOrder};
 use core::arch::x86_64::*;
 use weft_ops::quant::{f16_to_f32, unpack_q4k_scales_mins};
@@ -74,13 +75,21 @@ const TILE: usize = 4;
 pub(crate) unsafe fn matmul(wdtype: DType, c: &RawCall) -> Result<(), OpError> {
     let nb = c.k / 256;
     let q6 = wdtype == DType::Q6_K;
-    if c.n == 1 {
-        match (q6, DotOrder::of(wdtype, c.stride, 1, 0)) {
-            (true, _) => avx512_kq_mv::matvec_q6k(c.w, c.row_bytes, c.rows, c.act, nb, c.out),
-            (false, DotOrder::RepackGemv) => {
-                avx512_kq_mv::matvec_q4k_gemv(c.w, c.row_bytes, c.rows, c.act, nb, c.out)
+    // A few activation rows in one token's order (a batch decode step:
+    // Q6_K and unrepacked Q4_K below the tiled size, repacked Q4_K below a
+    // gemm group) take the decode kernel once per row: the panel packing
+    // below costs several decode passes at these sizes.
+    let order = DotOrder::of(wdtype, c.stride, 1, 0);
+    if c.n < TILED_MIN_ROWS && (0..c.n).all(|t| DotOrder::of(wdtype, c.stride, c.n, t) == order) {
+        for t in 0..c.n {
+            let (act, out) = (c.act.add(t * c.act_row), c.out.add(t * c.stride));
+            match (q6, order) {
+                (true, _) => avx512_kq_mv::matvec_q6k(c.w, c.row_bytes, c.rows, act, nb, out),
+                (false, DotOrder::RepackGemv) => {
+                    avx512_kq_mv::matvec_q4k_gemv(c.w, c.row_bytes, c.rows, act, nb, out)
+                }
+                (false, _) => avx512_kq_mv::matvec_q4k(c.w, c.row_bytes, c.rows, act, nb, out),
             }
-            (false, _) => avx512_kq_mv::matvec_q4k(c.w, c.row_bytes, c.rows, c.act, nb, c.out),
         }
         return Ok(());
     }
