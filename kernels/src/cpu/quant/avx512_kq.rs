@@ -81,15 +81,23 @@ pub(crate) unsafe fn matmul(wdtype: DType, c: &RawCall) -> Result<(), OpError> {
     // below costs several decode passes at these sizes.
     let order = DotOrder::of(wdtype, c.stride, 1, 0);
     if c.n < TILED_MIN_ROWS && (0..c.n).all(|t| DotOrder::of(wdtype, c.stride, c.n, t) == order) {
-        for t in 0..c.n {
-            let (act, out) = (c.act.add(t * c.act_row), c.out.add(t * c.stride));
-            match (q6, order) {
-                (true, _) => avx512_kq_mv::matvec_q6k(c.w, c.row_bytes, c.rows, act, nb, out),
-                (false, DotOrder::RepackGemv) => {
-                    avx512_kq_mv::matvec_q4k_gemv(c.w, c.row_bytes, c.rows, act, nb, out)
+        let (w, rb, rows, ar, st) = (c.w, c.row_bytes, c.rows, c.act_row, c.stride);
+        let mut t0 = 0;
+        while t0 < c.n {
+            let (act, out) = (c.act.add(t0 * ar), c.out.add(t0 * st));
+            // Q6_K reads each weight block once for up to four rows.
+            let step = if q6 { (c.n - t0).min(4) } else { 1 };
+            match (q6, order, step) {
+                (true, _, 1) => avx512_kq_mv::matvec_q6k::<1>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, 2) => avx512_kq_mv::matvec_q6k::<2>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, 3) => avx512_kq_mv::matvec_q6k::<3>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, _) => avx512_kq_mv::matvec_q6k::<4>(w, rb, rows, act, ar, nb, out, st),
+                (false, DotOrder::RepackGemv, _) => {
+                    avx512_kq_mv::matvec_q4k_gemv(w, rb, rows, act, nb, out)
                 }
-                (false, _) => avx512_kq_mv::matvec_q4k(c.w, c.row_bytes, c.rows, act, nb, out),
+                (false, _, _) => avx512_kq_mv::matvec_q4k(w, rb, rows, act, nb, out),
             }
+            t0 += step;
         }
         return Ok(());
     }

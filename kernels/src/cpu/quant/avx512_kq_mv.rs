@@ -313,48 +313,65 @@ unsafe fn pair_sums_q4k(
     sumi
 }
 
-/// Rows `0..rows` of Q6_K against one Q8_K row.
+/// Rows `0..rows` of Q6_K against `T` Q8_K rows (`act`, `act_row` bytes
+/// apart; outputs `stride` apart): each weight block is read once for all
+/// of them, every product in the one-row order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn matvec_q6k(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matvec_q6k<const T: usize>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     act: *const u8,
+    act_row: usize,
     nb: usize,
     out: *mut f32,
+    stride: usize,
 ) {
+    let acts: [*const u8; T] = core::array::from_fn(|t| act.add(t * act_row));
     let mut r = 0;
     while r < rows {
         let r1 = if r + 1 < rows { r + 1 } else { r };
-        let (a, b) = pair_q6k(w.add(r * row_bytes), w.add(r1 * row_bytes), act, nb);
-        *out.add(r) = a;
-        if r + 1 < rows {
-            *out.add(r + 1) = b;
+        let sums = pair_q6k::<T>(w.add(r * row_bytes), w.add(r1 * row_bytes), &acts, nb);
+        for (t, (a, b)) in sums.into_iter().enumerate() {
+            *out.add(t * stride + r) = a;
+            if r + 1 < rows {
+                *out.add(t * stride + r + 1) = b;
+            }
         }
         r += 2;
     }
 }
 
+/// Two Q6_K rows against `T` activation rows: per row and activation, the
+/// sums of ggml's AVX2 `vec_dot` (each 256-bit half one row's register).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (f32, f32) {
+unsafe fn pair_q6k<const T: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    acts: &[*const u8; T],
+    nb: usize,
+) -> [(f32, f32); T] {
     let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = [_mm512_setzero_ps(); T];
     for i in 0..nb {
         let (x0, x1) = (w0.add(i * kq::Q6K_BYTES), w1.add(i * kq::Q6K_BYTES));
-        let y = act.add(i * kq::Q8K_BYTES);
-        let yd = (y as *const f32).read_unaligned();
+        let ys: [*const u8; T] = core::array::from_fn(|t| acts[t].add(i * kq::Q8K_BYTES));
         // Row scales as i16: [row 0's 16 | row 0's 16 | row 1's | row 1's]
         // (8 per 128-bit lane, shuffled per chunk below).
         let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x0.add(kq::Q6K_SCALES) as *const __m128i));
         let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x1.add(kq::Q6K_SCALES) as *const __m128i));
-        // ggml's offset lanes: 32 * (bsum[2l] sc[2l] + bsum[2l+1] sc[2l+1]).
-        let bsums =
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i));
         let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s0), s1);
-        let mut sumi = _mm512_sub_epi32(
-            _mm512_setzero_si512(),
-            _mm512_slli_epi32::<5>(_mm512_madd_epi16(bsums, both)),
-        );
+        // ggml's offset lanes: 32 * (bsum[2l] sc[2l] + bsum[2l+1] sc[2l+1]).
+        let mut sumi: [__m512i; T] = core::array::from_fn(|t| {
+            let bsums = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                ys[t].add(kq::Q8K_BSUMS) as *const __m256i
+            ));
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_slli_epi32::<5>(_mm512_madd_epi16(bsums, both)),
+            )
+        });
         for h in 0..2 {
             let ql0 = pair32(x0.add(64 * h), x1.add(64 * h));
             let ql1 = pair32(x0.add(64 * h + 32), x1.add(64 * h + 32));
@@ -386,8 +403,6 @@ unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (
                 _mm256_broadcastsi128_si256(sr1),
             );
             for (k, qk) in q.iter().enumerate() {
-                let yk = both32(y.add(kq::Q8K_QS + 128 * h + 32 * k));
-                let p16 = _mm512_maddubs_epi16(*qk, yk);
                 // i16 lanes 0..7 of each half: scale 2k, lanes 8..15: 2k+1.
                 let e = (2 * k) as i8;
                 let lo = _mm_set_epi8(
@@ -412,11 +427,19 @@ unsafe fn pair_q6k(w0: *const u8, w1: *const u8, act: *const u8, nb: usize) -> (
                 let ctl = _mm512_broadcast_i32x4(lo);
                 let ctl = _mm512_mask_blend_epi64(0b1100_1100, ctl, _mm512_broadcast_i32x4(hi));
                 let scale = _mm512_shuffle_epi8(sc, ctl);
-                sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(scale, p16));
+                for t in 0..T {
+                    let yk = both32(ys[t].add(kq::Q8K_QS + 128 * h + 32 * k));
+                    let p16 = _mm512_maddubs_epi16(*qk, yk);
+                    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_madd_epi16(scale, p16));
+                }
             }
         }
-        let d = halves(yd * f16(x0.add(kq::Q6K_D)), yd * f16(x1.add(kq::Q6K_D)));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        let (d0, d1) = (f16(x0.add(kq::Q6K_D)), f16(x1.add(kq::Q6K_D)));
+        for t in 0..T {
+            let yd = (ys[t] as *const f32).read_unaligned();
+            let d = halves(yd * d0, yd * d1);
+            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        }
     }
-    hsum_halves(acc)
+    core::array::from_fn(|t| hsum_halves(acc[t]))
 }
