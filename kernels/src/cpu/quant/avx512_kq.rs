@@ -85,17 +85,21 @@ pub(crate) unsafe fn matmul(wdtype: DType, c: &RawCall) -> Result<(), OpError> {
         let mut t0 = 0;
         while t0 < c.n {
             let (act, out) = (c.act.add(t0 * ar), c.out.add(t0 * st));
-            // Q6_K reads each weight block once for up to four rows.
-            let step = if q6 { (c.n - t0).min(4) } else { 1 };
-            match (q6, order, step) {
-                (true, _, 1) => avx512_kq_mv::matvec_q6k::<1>(w, rb, rows, act, ar, nb, out, st),
-                (true, _, 2) => avx512_kq_mv::matvec_q6k::<2>(w, rb, rows, act, ar, nb, out, st),
-                (true, _, 3) => avx512_kq_mv::matvec_q6k::<3>(w, rb, rows, act, ar, nb, out, st),
-                (true, _, _) => avx512_kq_mv::matvec_q6k::<4>(w, rb, rows, act, ar, nb, out, st),
-                (false, DotOrder::RepackGemv, _) => {
-                    avx512_kq_mv::matvec_q4k_gemv(w, rb, rows, act, nb, out)
-                }
-                (false, _, _) => avx512_kq_mv::matvec_q4k(w, rb, rows, act, nb, out),
+            // Q6_K and repacked Q4_K read each weight block once for up
+            // to four rows.
+            let gemv = !q6 && order == DotOrder::RepackGemv;
+            let step = if q6 || gemv { (c.n - t0).min(4) } else { 1 };
+            use avx512_kq_mv::{matvec_q4k_gemv as g4, matvec_q6k as q6k};
+            match (q6, gemv, step) {
+                (true, _, 1) => q6k::<1>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, 2) => q6k::<2>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, 3) => q6k::<3>(w, rb, rows, act, ar, nb, out, st),
+                (true, _, _) => q6k::<4>(w, rb, rows, act, ar, nb, out, st),
+                (false, true, 1) => g4::<1>(w, rb, rows, act, ar, nb, out, st),
+                (false, true, 2) => g4::<2>(w, rb, rows, act, ar, nb, out, st),
+                (false, true, 3) => g4::<3>(w, rb, rows, act, ar, nb, out, st),
+                (false, true, _) => g4::<4>(w, rb, rows, act, ar, nb, out, st),
+                (false, false, _) => avx512_kq_mv::matvec_q4k(w, rb, rows, act, nb, out),
             }
             t0 += step;
         }

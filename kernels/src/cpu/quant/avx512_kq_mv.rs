@@ -184,47 +184,55 @@ pub(crate) fn sum4_transposed(v: [__m512i; 4]) -> __m512i {
     )
 }
 
-/// Q4_K rows `0..rows` against one Q8_K row in the repacked gemv order.
+/// Q4_K rows `0..rows` against `T` Q8_K rows (`act`, `act_row` bytes
+/// apart; outputs `stride` apart) in the repacked gemv order, each weight
+/// block read once for all of them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn matvec_q4k_gemv(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matvec_q4k_gemv<const T: usize>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     act: *const u8,
+    act_row: usize,
     nb: usize,
     out: *mut f32,
+    stride: usize,
 ) {
+    let acts: [*const u8; T] = core::array::from_fn(|t| act.add(t * act_row));
     let mut r0 = 0;
     while r0 < rows {
         let valid = (rows - r0).min(8);
         let ahead = r0 + 8 * PREFETCH_GROUPS;
         let next = (ahead < rows).then(|| w.add(ahead * row_bytes));
-        let res = gemv8_q4k(w.add(r0 * row_bytes), row_bytes, valid, act, nb, next);
-        _mm256_mask_storeu_ps(out.add(r0), ((1u16 << valid) - 1) as u8, res);
+        let res = gemv8_q4k::<T>(w.add(r0 * row_bytes), row_bytes, valid, &acts, nb, next);
+        for (t, v) in res.into_iter().enumerate() {
+            _mm256_mask_storeu_ps(out.add(t * stride + r0), ((1u16 << valid) - 1) as u8, v);
+        }
         r0 += 8;
     }
 }
 
 /// Eight Q4_K rows (the last `8 - valid` repeat row `valid - 1`) against
-/// one Q8_K row; `next`: the rows to prefetch.
+/// `T` Q8_K rows; `next`: the rows to prefetch.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn gemv8_q4k(
+unsafe fn gemv8_q4k<const T: usize>(
     base: *const u8,
     row_bytes: usize,
     valid: usize,
-    act: *const u8,
+    acts: &[*const u8; T],
     nb: usize,
     next: Option<*const u8>,
-) -> __m256 {
+) -> [__m256; T] {
     let m4 = _mm512_set1_epi8(0x0f);
     let offs: [i32; 8] = core::array::from_fn(|r| (r.min(valid - 1) * row_bytes) as i32);
     let voffs = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
     // (d, dmin) of row r at lanes 2r, 2r + 1, moved to the sums' layout.
     let dm_order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let x = base.add(b * kq::Q4K_BYTES);
-        let y = act.add(b * kq::Q8K_BYTES);
+        let ys: [*const u8; T] = core::array::from_fn(|t| acts[t].add(b * kq::Q8K_BYTES));
         if let Some(n) = next {
             // A hint only: addresses past the matrix are harmless.
             let p = n.wrapping_add(b * 8 * kq::Q4K_BYTES);
@@ -232,21 +240,15 @@ unsafe fn gemv8_q4k(
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
             }
         }
-        let ys: [__m512i; 8] = core::array::from_fn(|i| both32(y.add(kq::Q8K_QS + 32 * i)));
-        let bs = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
-        let bs32 = _mm512_broadcast_i32x4(_mm_hadd_epi16(
-            _mm256_castsi256_si128(bs),
-            _mm256_extracti128_si256::<1>(bs),
-        ));
         let mut mins = [0i64; 8];
-        let sums: [__m512i; 4] = core::array::from_fn(|p| {
+        let sums: [[__m512i; T]; 4] = core::array::from_fn(|p| {
             let (xa, xb) = (
                 x.offset(offs[2 * p] as isize),
                 x.offset(offs[2 * p + 1] as isize),
             );
             let ((sca, ma), (scb, mb)) = (q4k_scales(xa), q4k_scales(xb));
             (mins[2 * p], mins[2 * p + 1]) = (ma, mb);
-            pair_sums_q4k(xa, xb, sca, scb, &ys, m4)
+            pair_sums_q4k::<T>(xa, xb, sca, scb, &ys, m4)
         });
         // Rows 0..3 / 4..7, one per 128-bit lane (the two halves of each
         // row's eight lanes added).
@@ -256,48 +258,57 @@ unsafe fn gemv8_q4k(
                 _mm512_shuffle_i64x2::<0b11_01_11_01>(a, c),
             )
         };
-        let min_sums = |m: &[i64]| {
-            let m16 = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(m[0], m[1], m[2], m[3]));
-            _mm512_madd_epi16(m16, bs32)
-        };
-        let v = sum4_transposed([
-            fold(sums[0], sums[1]),
-            min_sums(&mins[0..4]),
-            fold(sums[2], sums[3]),
-            min_sums(&mins[4..8]),
-        ]);
         let dm = _mm512_cvtph_ps(_mm256_i32gather_epi32::<1>(x as *const i32, voffs));
-        let yd = _mm512_set1_ps((y as *const f32).read_unaligned());
-        let scale = _mm512_mul_ps(_mm512_permutexvar_ps(dm_order, dm), yd);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc);
+        let dm = _mm512_permutexvar_ps(dm_order, dm);
+        let m16 = |m: &[i64]| _mm512_cvtepu8_epi16(_mm256_setr_epi64x(m[0], m[1], m[2], m[3]));
+        let (m_lo, m_hi) = (m16(&mins[0..4]), m16(&mins[4..8]));
+        for t in 0..T {
+            let y = ys[t];
+            let bs = _mm256_loadu_si256(y.add(kq::Q8K_BSUMS) as *const __m256i);
+            let bs32 = _mm512_broadcast_i32x4(_mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            ));
+            let v = sum4_transposed([
+                fold(sums[0][t], sums[1][t]),
+                _mm512_madd_epi16(m_lo, bs32),
+                fold(sums[2][t], sums[3][t]),
+                _mm512_madd_epi16(m_hi, bs32),
+            ]);
+            let yd = _mm512_set1_ps((y as *const f32).read_unaligned());
+            let scale = _mm512_mul_ps(dm, yd);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
+        }
     }
     let sums = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
     let mins = _mm512_setr_epi32(1, 5, 9, 13, 3, 7, 11, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm256_sub_ps(
-        _mm512_castps512_ps256(_mm512_permutexvar_ps(sums, acc)),
-        _mm512_castps512_ps256(_mm512_permutexvar_ps(mins, acc)),
-    )
+    core::array::from_fn(|t| {
+        _mm256_sub_ps(
+            _mm512_castps512_ps256(_mm512_permutexvar_ps(sums, acc[t])),
+            _mm512_castps512_ps256(_mm512_permutexvar_ps(mins, acc[t])),
+        )
+    })
 }
 
 /// The scaled code x activation lanes of one super-block of two Q4_K rows
 /// (row `a` in the low 256 bits, `b` in the high), ggml's AVX2 layout per
-/// half. `ys[i]`: activation bytes `32i..32i + 32` in both halves.
+/// half, against each of `T` activation super-blocks `ys[t]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn pair_sums_q4k(
+unsafe fn pair_sums_q4k<const T: usize>(
     xa: *const u8,
     xb: *const u8,
     sca: i64,
     scb: i64,
-    ys: &[__m512i; 8],
+    ys: &[*const u8; T],
     m4: __m512i,
-) -> __m512i {
+) -> [__m512i; T] {
     let sc16 = _mm256_cvtepu8_epi16(_mm_set_epi64x(scb, sca));
     let scales = _mm512_shuffle_i64x2::<0b01_01_00_00>(
         _mm512_castsi256_si512(sc16),
         _mm512_castsi256_si512(sc16),
     );
-    let mut sumi = _mm512_setzero_si512();
+    let mut sumi = [_mm512_setzero_si512(); T];
     for j in 0..4 {
         let bits = pair32(xa.add(kq::Q4K_QS + 32 * j), xb.add(kq::Q4K_QS + 32 * j));
         let lo = _mm512_and_si512(bits, m4);
@@ -307,8 +318,12 @@ unsafe fn pair_sums_q4k(
             scales,
             _mm512_set1_epi16(0x0101 * (4 * j as i16 + 2) + 0x0100),
         );
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, ys[2 * j]), sl);
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, ys[2 * j + 1]), sh);
+        for t in 0..T {
+            let ylo = both32(ys[t].add(kq::Q8K_QS + 64 * j));
+            let yhi = both32(ys[t].add(kq::Q8K_QS + 64 * j + 32));
+            sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(lo, ylo), sl);
+            sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(hi, yhi), sh);
+        }
     }
     sumi
 }
