@@ -305,18 +305,20 @@ pub(super) fn supports(node: &OpNode) -> Result<(), OpError> {
     plan(node).map(|_| ())
 }
 
-/// The grouped tensor-core plan, where numerics `fast` takes one.
+/// The grouped tensor-core plan of a node the exact plan accepts, where
+/// numerics `fast` takes one.
 fn grouped(k: &CudaKernels, node: &OpNode) -> Option<Grouped> {
-    if k.numerics() != crate::Numerics::Fast {
-        return None;
-    }
-    plan(node).ok()?;
-    Grouped::of(node)
+    (k.numerics() == crate::Numerics::Fast)
+        .then(|| Grouped::of(node))
+        .flatten()
 }
 
 /// Scratch of one launch: the grouped product's quantized activations and
 /// routing table (numerics `fast`, prefill chunks); none otherwise.
 pub(super) fn scratch_bytes(k: &CudaKernels, node: &OpNode) -> usize {
+    if plan(node).is_err() {
+        return 0;
+    }
     grouped(k, node).map_or(0, |g| g.scratch_bytes())
 }
 

@@ -27,7 +27,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::avx512_kq_mv::{self, sum4_transposed};
+use super::avx512_kq_mv::{self, matvec_q4k_gemv as g4, matvec_q6k as q6k, sum4_transposed};
 use super::formats::kq;
 use super::matmul::RawCall;
 use super::order::TILED_MIN_ROWS;
@@ -89,7 +89,6 @@ pub(crate) unsafe fn matmul(wdtype: DType, c: &RawCall) -> Result<(), OpError> {
             // to four rows.
             let gemv = !q6 && order == DotOrder::RepackGemv;
             let step = if q6 || gemv { (c.n - t0).min(4) } else { 1 };
-            use avx512_kq_mv::{matvec_q4k_gemv as g4, matvec_q6k as q6k};
             match (q6, gemv, step) {
                 (true, _, 1) => q6k::<1>(w, rb, rows, act, ar, nb, out, st),
                 (true, _, 2) => q6k::<2>(w, rb, rows, act, ar, nb, out, st),

@@ -27,7 +27,7 @@ pub(in crate::cuda) const KERNELS: &[&str] =
 pub(in crate::cuda) const MIN_TOKENS: usize = 16;
 
 /// Threads per block (`MQ_THREADS`).
-const THREADS: u32 = 128;
+pub(in crate::cuda) const THREADS: u32 = 128;
 /// 32-element chunks per stage (`MQ_KC`) and words per tile row
 /// (`MQ_STRIDE`).
 const CHUNKS: usize = 4;
@@ -65,9 +65,10 @@ fn tile(m: usize, n: usize, sms: usize) -> (&'static str, usize, usize) {
     }
 }
 
-/// Shared memory of a tile: two stages of codes and (scale, offset) pairs.
-fn shared_bytes(rows: usize, tokens: usize) -> usize {
-    2 * (rows + tokens) * (STRIDE_WORDS * 4 + CHUNKS * 8)
+/// Shared memory of a tile: two stages of codes and scale slots (two per
+/// chunk, Q2_K's expert products four).
+pub(in crate::cuda) fn shared_bytes(rows: usize, tokens: usize, slots: usize) -> usize {
+    2 * (rows + tokens) * (STRIDE_WORDS * 4 + CHUNKS * 4 * slots)
 }
 
 /// Enqueues `out = act @ w^T` for `n` rows of activations at `act` (the
@@ -104,7 +105,7 @@ pub(in crate::cuda) unsafe fn launch(
         f,
         (m.div_ceil(rows) as u32, grid_y as u32, 1),
         THREADS,
-        shared_bytes(rows, tokens) as u32,
+        shared_bytes(rows, tokens, 2) as u32,
         &[
             Arg::Ptr(w.ptr),
             Arg::Ptr(act),
@@ -130,9 +131,9 @@ mod tests {
         assert_eq!(tile(4096, 4096, 132).0, "w2n4");
         assert_eq!(tile(576, 16, 132).0, "w1n1");
         for (_, rows, tokens) in TILES {
-            assert!(shared_bytes(rows, tokens) <= 48 * 1024);
+            assert!(shared_bytes(rows, tokens, 2) <= 48 * 1024);
         }
-        assert_eq!(shared_bytes(64, 64), 45_056);
+        assert_eq!(shared_bytes(64, 64, 2), 45_056);
         assert!(KERNELS.contains(&"mq_q6_k_w1n1"));
         assert!(takes(DType::Q4_K, 16, 256) && !takes(DType::Q4_K, 15, 256));
         assert!(!takes(DType::F16, 512, 256));

@@ -19,6 +19,7 @@
 
 use super::super::launch::{bad_call, launch as enqueue, Arg};
 use super::super::{CudaKernels, DeviceTensor};
+use super::matmul::{shared_bytes, THREADS};
 use cudarc::driver::CudaStream;
 use weft_ops::quant::vec_dot_type;
 use weft_ops::{DType, OpError, OpNode};
@@ -46,11 +47,6 @@ const MIN_PAIRS: usize = 64;
 const MAX_EXPERTS: usize = 2048;
 /// Threads of the routing block (`MQID_ROUTE_THREADS`).
 const ROUTE_THREADS: u32 = 1024;
-/// Threads of a product block (`MQ_THREADS`) and its stage geometry
-/// (`MQ_KC`, `MQ_STRIDE`).
-const THREADS: u32 = 128;
-const CHUNKS: usize = 4;
-const STRIDE_WORDS: usize = CHUNKS * 8 + 4;
 
 /// The dense product's formats and the expert formats of DeepSeek-V4's
 /// files.
@@ -231,11 +227,6 @@ impl Grouped {
             OP,
         )
     }
-}
-
-/// Shared memory of a tile: two stages of codes and scale slots.
-pub(in crate::cuda) fn shared_bytes(rows: usize, tokens: usize, slots: usize) -> usize {
-    2 * (rows + tokens) * (STRIDE_WORDS * 4 + CHUNKS * 4 * slots)
 }
 
 #[cfg(test)]
