@@ -21,6 +21,20 @@ pub trait Kernels: Send + Sync {
         0
     }
 
+    /// How many nodes of `node`'s [`OpNode::shared_launch_key`] one launch
+    /// of this backend takes (the launch pass groups them); 1, the
+    /// default: `node` is launched alone.
+    fn shared_launch_limit(&self, _node: &OpNode) -> usize {
+        1
+    }
+
+    /// Whether `node`, followed on its stream by `next` alone, is launched
+    /// early (the launch pass marks it; [`Kernels::launch`] sees the mark
+    /// in its target). The default: never.
+    fn launches_early(&self, _node: &OpNode, _next: &OpNode) -> bool {
+        false
+    }
+
     /// Runs (or enqueues) `node` on `target`.
     ///
     /// # Safety
@@ -77,9 +91,9 @@ pub struct CudaTarget<'a> {
     pub scratch: u64,
     /// Device address of the node's step scalars.
     pub step: u64,
-    /// The node the stream runs next, if known
-    /// ([`crate::cuda::CudaKernels::launch_before`]).
-    pub next: Option<&'a OpNode>,
+    /// Launch before the wait on the kernel ahead (the launch pass's mark,
+    /// [`Kernels::launches_early`]).
+    pub early: bool,
 }
 
 #[cfg(feature = "cuda")]
@@ -95,6 +109,14 @@ impl Kernels for crate::cuda::CudaKernels {
         crate::cuda::CudaKernels::scratch_bytes(self, node)
     }
 
+    fn shared_launch_limit(&self, node: &OpNode) -> usize {
+        crate::cuda::CudaKernels::shared_launch_limit(self, node)
+    }
+
+    fn launches_early(&self, node: &OpNode, next: &OpNode) -> bool {
+        crate::cuda::CudaKernels::launches_early(self, node, next)
+    }
+
     unsafe fn launch(
         &self,
         t: &mut CudaTarget<'_>,
@@ -102,8 +124,8 @@ impl Kernels for crate::cuda::CudaKernels {
         ins: &[Self::Tensor],
         outs: &[Self::Tensor],
     ) -> Result<(), OpError> {
-        // SAFETY: the caller's guarantees are launch_before's.
-        unsafe { self.launch_before(t.stream, node, ins, outs, t.scratch, t.step, t.next) }
+        // SAFETY: the caller's guarantees are launch_early's.
+        unsafe { self.launch_early(t.stream, node, ins, outs, t.scratch, t.step, t.early) }
     }
 }
 

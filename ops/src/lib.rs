@@ -13,6 +13,7 @@
 pub mod dtype;
 mod error;
 pub mod fused;
+pub mod launch;
 pub mod quant;
 pub mod tensor;
 

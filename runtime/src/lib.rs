@@ -21,6 +21,8 @@ mod cuda;
 mod error;
 mod executor;
 mod fusion;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod launches;
 mod memory;
 #[cfg(all(feature = "metal", target_os = "macos"))]
 mod metal;

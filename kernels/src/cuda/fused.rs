@@ -66,7 +66,7 @@ pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), O
 }
 
 /// `early`: let the next kernel launch before this one waits (see
-/// [`CudaKernels::launch_before`]).
+/// [`CudaKernels::launches_early`]).
 ///
 /// # Safety
 /// See [`CudaKernels::launch`].
@@ -91,7 +91,7 @@ pub(super) unsafe fn rms_norm_quantize(
 }
 
 /// `early`: let the next kernel launch before this one waits (see
-/// [`CudaKernels::launch_before`]).
+/// [`CudaKernels::launches_early`]).
 ///
 /// # Safety
 /// See [`CudaKernels::launch`].

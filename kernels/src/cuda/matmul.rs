@@ -61,10 +61,6 @@ pub struct GroupMember<'a> {
     pub step: u64,
 }
 
-/// What nodes launched together share: the activation row's address, the
-/// weights' format and their columns.
-pub type GroupKey = (u64, DType, usize);
-
 /// The feed-forward's middle fused (`matmul_silu_quant_body` in fused.cu):
 /// the gate projection (and the up projection, `gate_up`), silu_mul and
 /// quantize, per weight format and activation format.
@@ -338,21 +334,23 @@ pub(super) unsafe fn launch_silu(
     )
 }
 
-/// The key a node shares with the nodes it may be launched with
-/// ([`launch_group`]): `matmul_rows` nodes, and decode matmuls whose
-/// activation row is already in the weights' dot type (32-element formats).
-pub(super) fn group_key(node: &OpNode, ins: &[DeviceTensor]) -> Option<GroupKey> {
-    let (x, w) = (ins.first()?, ins.get(1)?);
+/// Whether [`launch_group`] takes `node` with others of its
+/// [`OpNode::shared_launch_key`]: `matmul_rows` nodes, and decode matmuls
+/// whose activation row is already in the weights' dot type (32-element
+/// formats).
+pub(super) fn groups(node: &OpNode) -> bool {
+    let (Some(x), Some(w)) = (node.inputs.first(), node.inputs.get(1)) else {
+        return false;
+    };
     match node.op {
-        weft_ops::Op::MatMulRows { .. } => {}
-        weft_ops::Op::MatMul if decode_operands("matmul", &x.tensor, &w.tensor).is_ok() => {}
-        _ => return None,
+        weft_ops::Op::MatMulRows { .. } => true,
+        weft_ops::Op::MatMul => decode_operands("matmul", x, w).is_ok(),
+        _ => false,
     }
-    Some((x.ptr, w.tensor.dtype, w.tensor.cols()))
 }
 
-/// Launches up to [`GROUP_MAX`] decode matvecs of one activation row (equal
-/// [`group_key`]s) as one kernel: each node's rows on its own blocks,
+/// Launches up to [`GROUP_MAX`] decode matvecs of one activation row (one
+/// [`OpNode::shared_launch_key`], every member [`groups`]) as one kernel: each node's rows on its own blocks,
 /// computed as that node alone computes them.
 ///
 /// # Safety

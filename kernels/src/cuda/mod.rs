@@ -57,7 +57,7 @@ mod softmax;
 mod tail_rope;
 
 pub use cudarc;
-pub use matmul::{GroupKey, GroupMember, GROUP_MAX};
+pub use matmul::{GroupMember, GROUP_MAX};
 pub use rope::TABLE_POSITIONS as ROPE_TABLE_POSITIONS;
 
 use crate::Numerics;
@@ -411,23 +411,17 @@ impl CudaKernels {
         scratch: u64,
         step: u64,
     ) -> Result<(), OpError> {
-        self.launch_before(stream, node, ins, outs, scratch, step, None)
+        self.launch_early(stream, node, ins, outs, scratch, step, false)
     }
 
-    /// As [`launch`](Self::launch), told the node `stream` runs next, if
-    /// known: a decode norm followed by the fused attention
-    /// (`qkv+attention+quantize`) lets it launch before the norm waits, so
-    /// its weight and cache copies overlap the kernel before the norm (the
-    /// fused kernel reads nothing before its wait that a running kernel
-    /// writes). Elsewhere that early launch was not faster (SmolLM2 on an
-    /// H200: the norms before the separate q/k/v and gate/up kernels, 0.620
-    /// against 0.530 ms per token; the one before the gate/up beside the
-    /// fused attention, 0.514 against 0.496-0.501), so only there.
+    /// As [`launch`](Self::launch), `early` when the launch pass found the
+    /// node followed on its stream by one that lets it start before its
+    /// wait ([`launches_early`](Self::launches_early)).
     ///
     /// # Safety
     /// As [`launch`](Self::launch).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_before(
+    pub unsafe fn launch_early(
         &self,
         stream: &Arc<CudaStream>,
         node: &OpNode,
@@ -435,9 +429,8 @@ impl CudaKernels {
         outs: &[DeviceTensor],
         scratch: u64,
         step: u64,
-        next: Option<&OpNode>,
+        early: bool,
     ) -> Result<(), OpError> {
-        let early = matches!(next.map(|n| &n.op), Some(Op::ProjAttention(_)));
         let s: &CudaStream = stream;
         match &node.op {
             Op::GetRows => rows::get_rows(self, s, ins, outs),
@@ -501,14 +494,34 @@ impl CudaKernels {
         }
     }
 
-    /// Decode matvecs that may share one launch ([`launch_group`](Self::launch_group))
-    /// have equal keys; `None` for a node that never does (any op but
-    /// `matmul_rows` and a decode matmul of quantized activations).
-    pub fn group_key(&self, node: &OpNode, ins: &[DeviceTensor]) -> Option<GroupKey> {
-        matmul::group_key(node, ins)
+    /// How many nodes of `node`'s [`OpNode::shared_launch_key`] one
+    /// [`launch_group`](Self::launch_group) takes: [`GROUP_MAX`] for a
+    /// `matmul_rows` node and a decode matmul whose activation row is
+    /// already in the weights' dot type (32-element formats), 1 (launched
+    /// alone) for every other node.
+    pub fn shared_launch_limit(&self, node: &OpNode) -> usize {
+        if matmul::groups(node) {
+            GROUP_MAX
+        } else {
+            1
+        }
     }
 
-    /// Launches up to [`GROUP_MAX`] nodes of equal [`group_key`](Self::group_key)
+    /// Whether a norm followed on its stream by `next` alone launches
+    /// before its wait: a decode norm followed by the fused attention
+    /// (`qkv+attention+quantize`), so the fused kernel's weight and cache
+    /// copies overlap the kernel before the norm (the fused kernel reads
+    /// nothing before its wait that a running kernel writes). Elsewhere
+    /// an early launch was measured no faster, so only there.
+    pub fn launches_early(&self, node: &OpNode, next: &OpNode) -> bool {
+        matches!(
+            node.op,
+            Op::RmsNormQuantize { .. } | Op::AddRmsNormQuantize { .. }
+        ) && matches!(next.op, Op::ProjAttention(_))
+    }
+
+    /// Launches up to [`GROUP_MAX`] nodes of one [`OpNode::shared_launch_key`]
+    /// whose [`shared_launch_limit`](Self::shared_launch_limit) is above 1
     /// as one kernel, each computed exactly as its own launch computes it.
     /// Needs no scratch.
     ///

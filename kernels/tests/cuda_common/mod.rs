@@ -250,7 +250,7 @@ pub fn run_gpu_group(g: Option<&Gpu>, nodes: &[OpNode], mem: &HostMemory) -> Vec
                 _ => (None, None),
             };
             assert!(
-                g.kernels.group_key(n, ins).is_some(),
+                g.kernels.shared_launch_limit(n) > 1,
                 "{} is not groupable",
                 n.op.name()
             );

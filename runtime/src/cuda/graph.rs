@@ -2,6 +2,7 @@
 //! graphs with one branch per stream inside a level, and replay.
 
 use super::{driver, CudaBackend, DeviceBuffer};
+use crate::launches::{LaunchRules, LevelLaunches};
 use crate::memory::Storage;
 use crate::trace::DeviceSpan;
 use crate::RuntimeError;
@@ -27,10 +28,13 @@ pub(crate) struct CudaNode {
     pub fail: bool,
 }
 
-/// One command buffer ready for the device: nodes in execution order, levels.
+/// One command buffer ready for the device: nodes in execution order,
+/// levels, and each level's launches (the launch pass's output, made by
+/// [`CudaBackend::plan_launches`] once `timed` is settled).
 pub(crate) struct CudaCommandBuffer {
     pub nodes: Vec<CudaNode>,
     pub levels: Vec<Range<usize>>,
+    pub launches: Vec<LevelLaunches>,
     pub keep_alive: Vec<Arc<Storage>>,
     /// Time every node on the device (traces, profiles).
     pub timed: bool,
@@ -224,12 +228,25 @@ impl CudaBackend {
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
             Ok((launch, graph, slot)) => {
-                let timing = slot.map(|slot| (timed_nodes(&cb, self.streams), slot));
+                let timing = slot.map(|slot| (timed_nodes(&cb), slot));
                 let work = self.work(launch, graph, timing, cb.keep_alive);
                 (work, self.has_graph(key).then_some(key))
             }
             Err(e) => (Arc::new(CudaWork::failed(e, cb.keep_alive)), None),
         }
+    }
+
+    /// Makes `cb`'s launches (the launch pass, `crate::launches`) for this
+    /// device's streams and kernels; timed command buffers share none.
+    pub(crate) fn plan_launches(&self, cb: &mut CudaCommandBuffer) {
+        let nodes: Vec<&OpNode> = cb.nodes.iter().map(|n| &n.node).collect();
+        let rules = LaunchRules {
+            streams: self.streams,
+            share: !cb.timed,
+            limit: &|n| Kernels::shared_launch_limit(&self.kernels, n),
+            early: &|n, next| Kernels::launches_early(&self.kernels, n, next),
+        };
+        cb.launches = crate::launches::plan(&nodes, &cb.levels, &rules);
     }
 
     /// The structure key of a command buffer (what its graph depends on).
@@ -538,24 +555,25 @@ impl CudaBackend {
     }
 }
 
-/// Each node as a trace shows it: its level and the stream
-/// `launch_levels` gives it (times filled in once it ran).
-fn timed_nodes(cb: &CudaCommandBuffer, streams: usize) -> Vec<DeviceSpan> {
+/// Each node as a trace shows it: its level and the stream its launch
+/// goes to (times filled in once it ran).
+fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceSpan> {
     let mut out = Vec::with_capacity(cb.nodes.len());
-    for (level, range) in cb.levels.iter().enumerate() {
-        let width = range.len().min(streams);
-        for (k, i) in range.clone().enumerate() {
-            let n = &cb.nodes[i];
-            out.push(DeviceSpan {
-                label: n.label.clone(),
-                op: n.node.op.name(),
-                layer: n.layer,
-                level: level as u32,
-                command_buffer: 0,
-                stream: k % width,
-                start_us: 0.0,
-                dur_us: 0.0,
-            });
+    for (level, plan) in cb.launches.iter().enumerate() {
+        for (k, launch) in plan.launches.iter().enumerate() {
+            for &i in &launch.nodes {
+                let n = &cb.nodes[i];
+                out.push(DeviceSpan {
+                    label: n.label.clone(),
+                    op: n.node.op.name(),
+                    layer: n.layer,
+                    level: level as u32,
+                    command_buffer: 0,
+                    stream: plan.stream_of(k),
+                    start_us: 0.0,
+                    dur_us: 0.0,
+                });
+            }
         }
     }
     out

@@ -1,20 +1,21 @@
-//! Enqueuing a command buffer's levels on the streams: a level's launches
-//! go round-robin to the streams with a fork and a join on the main stream,
-//! matvecs of one activation row as one grouped launch, every other node
-//! through `Kernels::launch` (eagerly or inside a capture).
+//! Enqueuing a command buffer's levels on the streams, as the launch pass
+//! (`crate::launches`) planned them: a level's launches on their streams
+//! with a fork and a join on the main stream, a shared launch through
+//! `CudaKernels::launch_group`, every other node through `Kernels::launch`
+//! (eagerly or inside a capture).
 
 use super::{CachedGraph, CudaCommandBuffer, CudaNode};
 use crate::cuda::{driver, CudaBackend};
 use crate::RuntimeError;
-use std::ops::Range;
 use std::sync::Arc;
 use weft_kernels::cuda::cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use weft_kernels::{CudaTarget, Kernels};
-use weft_ops::{Op, OpNode};
+use weft_ops::Op;
 
 impl CudaBackend {
-    /// Enqueues every node, level by level: a level's nodes go round-robin
-    /// to the streams, and the level ends with a join on the main stream.
+    /// Enqueues every node, level by level: a level's launches go to the
+    /// streams the launch pass gave them, and the level ends with a join on
+    /// the main stream.
     /// `host` is the graph's pinned staging, taken before any capture
     /// (taking it synchronizes, which a capturing stream refuses). The
     /// fork/join events are returned, to be dropped once the capture ends.
@@ -30,14 +31,12 @@ impl CudaBackend {
         if let Some(clock) = &g.clock {
             mark(&clock.origin, &self.main, capturing)?;
         }
-        for (li, level) in cb.levels.iter().enumerate() {
-            // The node the main stream runs after this level's, when a
-            // single node (a norm may let it launch early).
-            let next = cb
-                .levels
-                .get(li + 1)
-                .filter(|l| l.len() == 1)
-                .map(|l| &cb.nodes[l.start].node);
+        if cb.launches.len() != cb.levels.len() {
+            return Err(RuntimeError::Usage(
+                "a CUDA command buffer was launched before its launches were planned".into(),
+            ));
+        }
+        for (level, plan) in cb.levels.iter().zip(&cb.launches) {
             // Scratch in node order, as `build` sized it.
             let scratch_at: Vec<u64> = level
                 .clone()
@@ -48,8 +47,7 @@ impl CudaBackend {
                     at
                 })
                 .collect();
-            let launches = self.level_launches(cb, level.clone(), g.clock.is_none());
-            let width = launches.len().min(self.streams);
+            let width = plan.width;
             if width > 1 {
                 let fork = self.main.record_event(None).map_err(driver)?;
                 for s in &self.branches[..width - 1] {
@@ -57,33 +55,32 @@ impl CudaBackend {
                 }
                 events.push(fork);
             }
-            for (k, members) in launches.iter().enumerate() {
-                let stream: &Arc<CudaStream> = if k % width == 0 {
-                    &self.main
-                } else {
-                    &self.branches[k % width - 1]
+            for (k, launch) in plan.launches.iter().enumerate() {
+                let stream: &Arc<CudaStream> = match plan.stream_of(k) {
+                    0 => &self.main,
+                    b => &self.branches[b - 1],
                 };
                 let step = |i: usize| g.step.ptr + 4 * g.step_offsets[i] as u64;
-                if let [i, ..] = members[..] {
-                    if members.len() > 1 {
-                        self.launch_group(stream, cb, members, step)?;
-                        continue;
+                match launch.nodes[..] {
+                    [] => {}
+                    [i] => {
+                        let n = &cb.nodes[i];
+                        if let Some(clock) = &g.clock {
+                            mark(&clock.marks[i].0, stream, capturing)?;
+                        }
+                        self.launch_node(
+                            stream,
+                            n,
+                            g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
+                            scratch_at[i - level.start],
+                            step(i),
+                            launch.early,
+                        )?;
+                        if let Some(clock) = &g.clock {
+                            mark(&clock.marks[i].1, stream, capturing)?;
+                        }
                     }
-                    let n = &cb.nodes[i];
-                    if let Some(clock) = &g.clock {
-                        mark(&clock.marks[i].0, stream, capturing)?;
-                    }
-                    self.launch_node(
-                        stream,
-                        n,
-                        g.write_offsets[i].map(|(at, len)| &host[at..at + len]),
-                        scratch_at[i - level.start],
-                        step(i),
-                        next.filter(|_| width == 1),
-                    )?;
-                    if let Some(clock) = &g.clock {
-                        mark(&clock.marks[i].1, stream, capturing)?;
-                    }
+                    _ => self.launch_group(stream, cb, &launch.nodes, step)?,
                 }
             }
             if width > 1 {
@@ -97,46 +94,8 @@ impl CudaBackend {
         Ok(events)
     }
 
-    /// The launches of one level, in the order of their first nodes:
-    /// decode matvecs of one activation row together (up to
-    /// `weft_kernels::cuda::GROUP_MAX` of equal `group_key`, when `group`),
-    /// every other node alone. Timed command buffers keep a launch per node
-    /// (each node has its own events).
-    fn level_launches(
-        &self,
-        cb: &CudaCommandBuffer,
-        level: Range<usize>,
-        group: bool,
-    ) -> Vec<Vec<usize>> {
-        let mut launches: Vec<Vec<usize>> = Vec::with_capacity(level.len());
-        let mut open: Vec<(weft_kernels::cuda::GroupKey, usize)> = Vec::new();
-        for i in level {
-            let n = &cb.nodes[i];
-            let key = group
-                .then(|| self.kernels.group_key(&n.node, &n.ins))
-                .flatten();
-            let Some(key) = key else {
-                launches.push(vec![i]);
-                continue;
-            };
-            match open.iter().position(|(k, _)| *k == key) {
-                Some(o) => {
-                    let at = open[o].1;
-                    launches[at].push(i);
-                    if launches[at].len() == weft_kernels::cuda::GROUP_MAX {
-                        open.swap_remove(o);
-                    }
-                }
-                None => {
-                    open.push((key, launches.len()));
-                    launches.push(vec![i]);
-                }
-            }
-        }
-        launches
-    }
-
-    /// Launches nodes `members` of `cb` as one kernel (`level_launches`).
+    /// Launches nodes `members` of `cb` as one kernel (a shared launch of
+    /// the launch pass).
     fn launch_group(
         &self,
         stream: &Arc<CudaStream>,
@@ -179,7 +138,7 @@ impl CudaBackend {
         staged: Option<&[u8]>,
         scratch: u64,
         step: u64,
-        next: Option<&OpNode>,
+        early: bool,
     ) -> Result<(), RuntimeError> {
         let fail = |e: weft_ops::OpError| RuntimeError::Execution {
             op: n.node.op.name(),
@@ -200,7 +159,7 @@ impl CudaBackend {
                 stream,
                 scratch,
                 step,
-                next,
+                early,
             };
             Kernels::launch(&self.kernels, &mut at, &n.node, &n.ins, &n.outs)
         }
