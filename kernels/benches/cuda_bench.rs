@@ -439,6 +439,13 @@ fn main() {
         matvec_case(&mut rng, DType::Q4_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q6_K, 640, 2048, n),
         matvec_case(&mut rng, DType::Q4_K, 896, 4864, n),
+        // DeepSeek-V4's f16 matrices at a 512-token chunk: the indexer's
+        // query (8192 x 1024), a compressor (1024 x 4096), the
+        // hyper-connection mixer (24 x 16384); a bf16 one.
+        matvec_case(&mut rng, DType::F16, 8192, 1024, n),
+        matvec_case(&mut rng, DType::F16, 1024, 4096, n),
+        matvec_case(&mut rng, DType::F16, 24, 16384, n),
+        matvec_case(&mut rng, DType::BF16, 1024, 4096, n),
         // DeepSeek-V4's routed experts (gate/up 2048 x 4096, down 4096 x
         // 2048) over a 512-token chunk, 16 and 64 experts.
         expert_case(&mut rng, DType::IQ2_XXS, 16, 2048, 4096, n),

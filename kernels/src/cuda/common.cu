@@ -115,6 +115,9 @@ DEV void cp_async16(void* dst, const void* src) {
 }
 DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 DEV void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+// Waits until at most one committed group of this thread's copies is
+// still in flight (two-stage pipelines: the stage just issued).
+DEV void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 // ---- thread block clusters (sm_90) --------------------------------------------
 // The cluster kernels (argmax_f32_cluster, mm_gate_up_silu_*_pair) are

@@ -700,10 +700,13 @@ pub(super) unsafe fn launch(
     if act % natural_alignment(act_dtype) != 0 {
         return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
     }
-    if kernels.numerics() == crate::Numerics::Fast
-        && super::fast::matmul::takes(w.tensor.dtype, n, k)
-    {
-        return super::fast::matmul::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+    if kernels.numerics() == crate::Numerics::Fast {
+        if super::fast::matmul::takes(w.tensor.dtype, n, k) {
+            return super::fast::matmul::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+        }
+        if super::fast::matmul_half::takes(w, act, n, k) {
+            return super::fast::matmul_half::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+        }
     }
     if n == 1 {
         if let Some(bytes) = staged_shared_bytes(kernels, w) {

@@ -148,6 +148,7 @@ impl CudaKernels {
             proj_attention::SPLIT_KERNELS,
             fast::attention::KERNELS,
             fast::matmul::KERNELS,
+            fast::matmul_half::KERNELS,
             fast::matmul_id::KERNELS,
             fast::attention_prefill::KERNELS,
             rope::KERNELS,

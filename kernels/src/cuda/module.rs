@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft_ops::OpError;
 
 /// The sources in dependency order (helpers first).
-const SOURCES: [(&str, &str); 25] = [
+const SOURCES: [(&str, &str); 26] = [
     ("common.cu", include_str!("common.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
     ("rows.cu", include_str!("rows.cu")),
@@ -46,6 +46,7 @@ const SOURCES: [(&str, &str); 25] = [
     ("matmul_id_decode.cu", include_str!("matmul_id_decode.cu")),
     ("fast/matmul.cu", include_str!("fast/matmul.cu")),
     ("fast/matmul_id.cu", include_str!("fast/matmul_id.cu")),
+    ("fast/matmul_half.cu", include_str!("fast/matmul_half.cu")),
 ];
 
 /// The whole program, with `#line` markers so compiler messages name the file.

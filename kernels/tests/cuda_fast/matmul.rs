@@ -1,7 +1,8 @@
 //! The tensor-core prefill products (numerics `fast`) against the
 //! reference's integer-exact block dot products: every weight format the
 //! kernel takes, shapes that end inside a tile and inside a stage, each
-//! tile size, outputs poisoned first.
+//! tile size, outputs poisoned first; and the half-precision products
+//! (f16, bf16 weights) below.
 //!
 //! Bound: |gpu - reference| <= 1e-5 * sum_k |w_k x_k| + 1e-6 per output
 //! (the same block terms summed in another f32 order; see fast/matmul.cu).
@@ -67,6 +68,64 @@ fn tensor_core_matmul_matches_the_reference() {
                     i % m
                 ));
             }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The half-precision tensor-core products: f16 and bf16 weights against
+/// activations in the weights' type, shapes that end inside a tile, odd
+/// row counts (single stores), both tile sizes. Bound: 1e-4 of the
+/// output's sum of |w x| (f32 accumulation sixteen products at a time; see
+/// fast/matmul_half.cu).
+const HALF_CASES: &[(DType, usize, usize, usize)] = &[
+    (DType::F16, 72, 37, 320),
+    (DType::BF16, 72, 37, 320),
+    (DType::F16, 33, 17, 128),
+    (DType::BF16, 200, 64, 768),
+    (DType::F16, 24, 300, 4096),
+    (DType::F16, 1088, 1040, 128),
+    (DType::BF16, 1088, 1040, 128),
+    (DType::F16, 512, 96, 1024),
+];
+
+const HALF_TOLERANCE: f64 = 1e-4;
+
+#[test]
+fn half_tensor_core_matmul_matches_the_reference() {
+    let Some(g) = fast() else { return };
+    let mut rng = Rng::new(92);
+    let mut failures = Vec::new();
+    for &(wdtype, m, n, k) in HALF_CASES {
+        let mut mem = HostMemory::default();
+        let w = weights(&mut rng, &mut mem, wdtype, m, k);
+        let mut xbytes = Vec::new();
+        for _ in 0..n {
+            xbytes.extend(quantized(wdtype, &rng.rows(1, k)));
+        }
+        let x = mem.tensor(wdtype, &[n, k], &xbytes).unwrap();
+        let o = mem.zeros(DType::F32, &[n, m]).unwrap();
+        let nd = node(Op::MatMul, vec![x, w], vec![o]);
+        poison_outputs(&nd, &mut mem);
+        let got = run_fast(g, &nd, &mem, vec![0, 0], 2);
+        let want = run_cpu(&node(Op::MatMul, vec![x, w], vec![o]), &mem);
+        let want: Vec<f32> = bytemuck_f32(&want[0]);
+        let sums = abs_sums(&mem, &x, &w);
+        for (launch, outs) in got.iter().enumerate() {
+            let out = bytemuck_f32(&outs[0]);
+            let (worst, bad) = within_product_bound(&out, &want, &sums, HALF_TOLERANCE);
+            eprintln!("NOTE fast half matmul {wdtype} m {m} n {n} k {k} launch {launch}: worst |err| / sum|wx| {worst:.2e}");
+            if let Some((i, a, b)) = bad {
+                failures.push(format!(
+                    "{wdtype} m {m} n {n} k {k}: output {i} (token {}, row {}) is {a}, reference {b}",
+                    i / m,
+                    i % m
+                ));
+            }
+        }
+        // Both launches give the same bits.
+        if got.len() == 2 && got[0] != got[1] {
+            failures.push(format!("{wdtype} m {m} n {n} k {k}: two launches differ"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

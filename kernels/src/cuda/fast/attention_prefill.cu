@@ -58,8 +58,6 @@ DEV void fp_ldsm_trans(u32& b0, u32& b1, const u16* p) {
                  : "r"(smem_addr(p)));
 }
 
-DEV void fp_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
-
 template <int D>
 DEV void attn_prefill_body(const float* q, const u8* kc, const u8* vc, float* out, const AttnArgs a,
                            const u32* step) {
@@ -126,7 +124,7 @@ DEV void attn_prefill_body(const float* q, const u8* kc, const u8* vc, float* ou
     for (int j = 0; j < tiles; j++) {
         if (j + 1 < tiles) {
             load(j + 1);
-            fp_cp_wait_one();
+            cp_async_wait_one();
         } else {
             cp_async_wait_all();
         }

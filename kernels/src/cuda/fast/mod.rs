@@ -6,4 +6,5 @@
 pub(super) mod attention;
 pub(super) mod attention_prefill;
 pub(super) mod matmul;
+pub(super) mod matmul_half;
 pub(super) mod matmul_id;
