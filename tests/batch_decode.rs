@@ -190,3 +190,75 @@ fn a_failed_batch_step_poisons_every_lane() {
         "nothing is published"
     );
 }
+
+/// Fast numerics on the CPU: a server batches every decoding sequence.
+/// Each row's products then sum in another order than its own step's (the
+/// Q4_K and Q6_K products of four or more rows in llama.cpp's gemm order,
+/// not its gemv order); the 8-bit activations of the next layers turn
+/// those last-bit differences into logit differences of tenths, as exact
+/// numerics shows against itself under another chunking
+/// (`tests/fast_numerics.rs`). Bound per row: the KL divergence of the
+/// next-token distributions at most [`FAST_BATCH_KL`], the same next token.
+#[test]
+fn qwen2_batches_every_row_in_fast_numerics_within_bound() {
+    let Some(path) =
+        weft_testkit::require::model_path(&weft::models::fetch::QWEN25_CODER_05B_Q4_K_M)
+    else {
+        return;
+    };
+    let config = ExecutorConfig {
+        threads: 2,
+        numerics: weft::runtime::Numerics::Fast,
+        diagnostics: DiagnosticsConfig::checked(),
+        ..Default::default()
+    };
+    let mut exec = GraphExecutor::with_config(Device::Cpu, config).expect("executor");
+    let model = Model::load(&path, &mut exec).expect("load");
+    assert_eq!(model.exact_batch_limit(&exec, 16), 3);
+    assert_eq!(model.batch_limit(&exec, 16), 16);
+    let (mut alone, mut batched, mut next) = twin_caches(&mut exec, &model, &PROMPTS);
+    let vocab = model.vocab();
+    let (mut worst, mut changed) = (0f64, 0);
+    for k in 0..4 {
+        let want: Vec<Vec<f32>> = (0..PROMPTS.len())
+            .map(|b| {
+                model
+                    .step(&mut exec, &mut alone[b], &[next[b]], LogitRows::Last)
+                    .expect("step alone")
+            })
+            .collect();
+        let got = model
+            .step_batch(&mut exec, batched.iter_mut().collect(), &next)
+            .expect("batch step");
+        for (b, want) in want.iter().enumerate() {
+            let row = &got[b * vocab..(b + 1) * vocab];
+            let kl = kl_divergence(want, row);
+            worst = worst.max(kl);
+            changed += usize::from(!same_bits(row, want));
+            assert!(
+                kl <= FAST_BATCH_KL,
+                "step {k}: lane {b}'s row is {kl:.2e} nats from its own step"
+            );
+            assert_eq!(argmax(row), argmax(want), "step {k}: lane {b}'s next token");
+            next[b] = argmax(want) as u32;
+        }
+    }
+    // The rows do take the many-row kernels.
+    assert!(changed > 0, "every batch row equals its own step");
+    eprintln!("NOTE fast batch rows: {changed} of 20 differ, worst KL {worst:.2e} nats");
+}
+
+/// Largest KL divergence (nats) of a fast batch row's next-token
+/// distribution from its own step's (measured at most 1.4e-3).
+const FAST_BATCH_KL: f64 = 1e-2;
+
+/// KL(p || q) of the softmax distributions of logits `p` and `q`.
+fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |x: &[f32]| -> Vec<f64> {
+        let m = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let z = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+        x.iter().map(|&v| v as f64 - z).collect()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}

@@ -13,16 +13,46 @@
 //! Q5_0, Q8_0) keep their order at every batch size; Q4_K and Q6_K switch
 //! kernels from 4 and 8 rows as llama.cpp does, and plain float weights
 //! from 2 rows (tinyBLAS), so models holding those batch fewer rows, or
-//! none.
+//! none. In fast numerics on the CPU a server batches every decoding
+//! sequence ([`Model::batch_limit`]): the many-row kernels may then sum a
+//! row in another order than its own step, as fast numerics allows.
 
 use crate::finite::{check_logits, LOGITS_HINT};
 use crate::model::{Family, Model};
 use crate::ModelError;
 use weft_ops::Builder;
 use weft_runtime::cache::{Cohort, KvCache};
+use weft_runtime::{Device, Numerics};
 use weft_runtime::{GraphExecutor, RuntimeError};
 
 impl Model {
+    /// The most sequences, up to `max`, that a server decodes in one
+    /// [`Model::step_batch`] on `exec`: [`Model::exact_batch_limit`] in
+    /// exact numerics; in fast numerics on the CPU, which may sum a row in
+    /// another order than its own step does, every size up to `max` (the
+    /// matmuls then take their many-row kernels). Other devices keep the
+    /// exact limit. 0 when this model does not batch.
+    pub fn batch_limit(&self, exec: &GraphExecutor, max: usize) -> usize {
+        let exact = self.exact_batch_limit(exec, max);
+        let fast_cpu = exec.device() == Device::Cpu && exec.config().numerics == Numerics::Fast;
+        if fast_cpu && self.batches() {
+            max
+        } else {
+            exact
+        }
+    }
+
+    /// Whether [`Model::step_batch`] runs this model: the Llama family with
+    /// dense feed-forwards.
+    fn batches(&self) -> bool {
+        let Family::Llama(m) = &self.family else {
+            return false;
+        };
+        m.layers
+            .iter()
+            .all(|l| matches!(l.ffn, crate::llama::LlamaFfn::Dense { .. }))
+    }
+
     /// The most sequences, up to `max`, that [`Model::step_batch`] decodes
     /// in one step on `exec`'s device while giving every row the bits the
     /// sequence's own step gives it. 0 when this model does not batch

@@ -3,6 +3,7 @@
 # other, each measured by scripts/serve_bench.py (aggregate tokens/s and
 # time to first token of 1, 4 and 16 concurrent greedy streams).
 # Usage: serve-side-by-side.sh WEFT LLAMA_SERVER MODEL [THREADS] [TOKENS]
+# (WEFT_ARGS: more flags for weft serve, e.g. `--numerics fast`).
 set -u -o pipefail
 weft=$1 ls=$2 model=$3 threads=${4:-2} tokens=${5:-64}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +28,6 @@ run() { # name url command...
   kill "$pid" 2> /dev/null; wait "$pid" 2> /dev/null
 }
 run weft http://127.0.0.1:18080 "$weft" serve --model "$model" --backend cpu --threads "$threads" \
-  --parallel 16 --ctx 512 --port 18080
+  --parallel 16 --ctx 512 --port 18080 ${WEFT_ARGS:-}
 run llama-server http://127.0.0.1:18081 "$ls" -m "$model" -t "$threads" -np 16 -cb -c 8192 \
   --port 18081 --host 127.0.0.1

@@ -218,7 +218,7 @@ pub fn run(loader: Loader, config: EngineConfig, shared: Arc<Shared>, jobs: Rece
         // The per-layer check probes one sequence's step.
         1
     } else {
-        model.exact_batch_limit(&exec, wanted).max(1)
+        model.batch_limit(&exec, wanted).max(1)
     };
     let mut engine = Engine {
         exec,
