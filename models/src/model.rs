@@ -85,11 +85,10 @@ impl Model {
                 Family::Llama(m)
             }
             (None, "gemma3") => Family::Gemma3(Gemma3::load(&weights)?),
-            (None, "deepseek4") => Family::DeepSeek4(Box::new(DeepSeek4::load(
-                &weights,
-                exec,
-                Default::default(),
-            )?)),
+            (None, "deepseek4") => {
+                let options = crate::deepseek4::LoadOptions::for_numerics(exec.config().numerics);
+                Family::DeepSeek4(Box::new(DeepSeek4::load(&weights, exec, options)?))
+            }
             (None, other) => {
                 return Err(ModelError::Unsupported(format!(
                     "architecture `{other}` (weft runs: {})",

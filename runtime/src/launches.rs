@@ -90,13 +90,9 @@ fn level_launches(nodes: &[&OpNode], level: Range<usize>, rules: &LaunchRules<'_
             nodes: vec![i],
             early: false,
         };
-        let limit = if rules.share {
-            (rules.limit)(nodes[i])
-        } else {
-            1
-        };
-        let key = (limit > 1).then(|| nodes[i].shared_launch_key()).flatten();
-        let Some(key) = key else {
+        let key = rules.share.then(|| nodes[i].shared_launch_key()).flatten();
+        let limit = key.map_or(1, |_| (rules.limit)(nodes[i]));
+        let (Some(key), 2..) = (key, limit) else {
             launches.push(alone);
             continue;
         };

@@ -342,9 +342,17 @@ pub(super) fn groups(node: &OpNode) -> bool {
     let (Some(x), Some(w)) = (node.inputs.first(), node.inputs.get(1)) else {
         return false;
     };
+    // decode_operands's conditions, without building its errors (asked of
+    // every node of a level whenever a graph is built).
     match node.op {
         weft_ops::Op::MatMulRows { .. } => true,
-        weft_ops::Op::MatMul => decode_operands("matmul", x, w).is_ok(),
+        weft_ops::Op::MatMul => {
+            matches!(
+                w.dtype,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0
+            ) && x.rows() == 1
+                && x.dtype == vec_dot_type(w.dtype)
+        }
         _ => false,
     }
 }
@@ -704,7 +712,7 @@ pub(super) unsafe fn launch(
         if super::fast::matmul::takes(w.tensor.dtype, n, k) {
             return super::fast::matmul::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
         }
-        if super::fast::matmul_half::takes(w, act, n, k) {
+        if super::fast::matmul_half::takes(w, act, n, k, kernels.sms) {
             return super::fast::matmul_half::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
         }
     }

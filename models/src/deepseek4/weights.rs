@@ -4,12 +4,15 @@
 //!
 //! - the compressor position biases (`*_compressor_ape`), which the
 //!   compressor op reads as f32, are widened to f32 copies;
-//! - with [`LoadOptions::widen_f16`] (the default), every F16 matrix is
-//!   widened to an f32 copy, so its matmul takes f32 activations. CPU
-//!   matmuls of F16 weights round the activations to f16 (as llama.cpp
-//!   does), about 5e-4 relative per product, which the fixtures' 1e-3
-//!   tolerance on logits does not leave room for. F16 matrices are the
-//!   small ones (mixers, compressors, indexer, router).
+//! - with [`LoadOptions::widen_f16`] (the default, and exact numerics'),
+//!   every F16 matrix is widened to an f32 copy, so its matmul takes f32
+//!   activations. Matmuls of F16 weights round the activations to f16 (as
+//!   llama.cpp does), about 5e-4 relative per product, which the
+//!   fixtures' 1e-3 tolerance on logits does not leave room for. F16
+//!   matrices are the small ones (mixers, compressors, indexer, router).
+//!   Fast numerics keeps them F16 ([`LoadOptions::for_numerics`]): half
+//!   the bytes a decode token reads of them, and tensor-core prefill
+//!   products on CUDA.
 //!
 //! Routed experts may be any type the expert matmul takes (F32, F16, BF16,
 //! Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4, ...); the attention and shared-expert
@@ -31,6 +34,16 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self { widen_f16: true }
+    }
+}
+
+impl LoadOptions {
+    /// The options of a model run in `numerics`: F16 matrices widened in
+    /// exact numerics, kept F16 in fast numerics.
+    pub fn for_numerics(numerics: weft_runtime::Numerics) -> Self {
+        Self {
+            widen_f16: numerics == weft_runtime::Numerics::Exact,
+        }
     }
 }
 

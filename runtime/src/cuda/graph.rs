@@ -28,13 +28,10 @@ pub(crate) struct CudaNode {
     pub fail: bool,
 }
 
-/// One command buffer ready for the device: nodes in execution order,
-/// levels, and each level's launches (the launch pass's output, made by
-/// [`CudaBackend::plan_launches`] once `timed` is settled).
+/// One command buffer ready for the device: nodes in execution order, levels.
 pub(crate) struct CudaCommandBuffer {
     pub nodes: Vec<CudaNode>,
     pub levels: Vec<Range<usize>>,
-    pub launches: Vec<LevelLaunches>,
     pub keep_alive: Vec<Arc<Storage>>,
     /// Time every node on the device (traces, profiles).
     pub timed: bool,
@@ -57,6 +54,9 @@ struct NodeClock {
 
 /// A captured graph and the device memory it reads per replay.
 pub(crate) struct CachedGraph {
+    /// Each level's launches (the launch pass's output; a replay needs
+    /// none of them, so they are planned only when a graph is built).
+    launches: Vec<LevelLaunches>,
     graph: Mutex<Option<CudaGraph>>,
     step: DeviceBuffer,
     step_offsets: Vec<usize>,
@@ -228,7 +228,7 @@ impl CudaBackend {
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
             Ok((launch, graph, slot)) => {
-                let timing = slot.map(|slot| (timed_nodes(&cb), slot));
+                let timing = slot.map(|slot| (timed_nodes(&cb, &self.plan_launches(&cb)), slot));
                 let work = self.work(launch, graph, timing, cb.keep_alive);
                 (work, self.has_graph(key).then_some(key))
             }
@@ -236,9 +236,9 @@ impl CudaBackend {
         }
     }
 
-    /// Makes `cb`'s launches (the launch pass, `crate::launches`) for this
+    /// `cb`'s launches (the launch pass, `crate::launches`) for this
     /// device's streams and kernels; timed command buffers share none.
-    pub(crate) fn plan_launches(&self, cb: &mut CudaCommandBuffer) {
+    fn plan_launches(&self, cb: &CudaCommandBuffer) -> Vec<LevelLaunches> {
         let nodes: Vec<&OpNode> = cb.nodes.iter().map(|n| &n.node).collect();
         let rules = LaunchRules {
             streams: self.streams,
@@ -246,7 +246,7 @@ impl CudaBackend {
             limit: &|n| Kernels::shared_launch_limit(&self.kernels, n),
             early: &|n, next| Kernels::launches_early(&self.kernels, n, next),
         };
-        cb.launches = crate::launches::plan(&nodes, &cb.levels, &rules);
+        crate::launches::plan(&nodes, &cb.levels, &rules)
     }
 
     /// The structure key of a command buffer (what its graph depends on).
@@ -455,6 +455,7 @@ impl CudaBackend {
             None
         };
         let g = CachedGraph {
+            launches: self.plan_launches(cb),
             clock,
             origin,
             graph: Mutex::new(None),
@@ -557,9 +558,9 @@ impl CudaBackend {
 
 /// Each node as a trace shows it: its level and the stream its launch
 /// goes to (times filled in once it ran).
-fn timed_nodes(cb: &CudaCommandBuffer) -> Vec<DeviceSpan> {
+fn timed_nodes(cb: &CudaCommandBuffer, launches: &[LevelLaunches]) -> Vec<DeviceSpan> {
     let mut out = Vec::with_capacity(cb.nodes.len());
-    for (level, plan) in cb.launches.iter().enumerate() {
+    for (level, plan) in launches.iter().enumerate() {
         for (k, launch) in plan.launches.iter().enumerate() {
             for &i in &launch.nodes {
                 let n = &cb.nodes[i];

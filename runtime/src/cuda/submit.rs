@@ -121,7 +121,6 @@ impl Backend for CudaBackend {
         for cb in &s.command_buffers {
             let (mut prepared, used) = session.prepare_cuda(cb, payloads, None)?;
             prepared.timed = timed;
-            self.plan_launches(&mut prepared);
             keep_alive.push(prepared.keep_alive.clone());
             buffers.extend(used);
             let (work, key) = self.enqueue(prepared);
@@ -311,7 +310,6 @@ impl GraphSession<'_> {
         let cb = CudaCommandBuffer {
             nodes,
             levels,
-            launches: Vec::new(),
             keep_alive: used.iter().map(|(_, s)| Arc::clone(s)).collect(),
             timed: false,
         };
