@@ -709,11 +709,18 @@ pub(super) unsafe fn launch(
         return Err(bad_call(OP, format!("scratch at {act:#x} is misaligned")));
     }
     if kernels.numerics() == crate::Numerics::Fast {
+        let p = super::fast::matmul::Product {
+            act,
+            out: out.ptr,
+            m,
+            n,
+            k,
+        };
         if super::fast::matmul::takes(w.tensor.dtype, n, k) {
-            return super::fast::matmul::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+            return super::fast::matmul::launch(kernels, stream, OP, w, &p);
         }
         if super::fast::matmul_half::takes(w, act, n, k, kernels.sms) {
-            return super::fast::matmul_half::launch(kernels, stream, OP, w, act, out.ptr, m, n, k);
+            return super::fast::matmul_half::launch(kernels, stream, OP, w, &p);
         }
     }
     if n == 1 {

@@ -2,7 +2,8 @@
 //! reference's integer-exact block dot products: every weight format the
 //! kernel takes, shapes that end inside a tile and inside a stage, each
 //! tile size, outputs poisoned first; and the half-precision products
-//! (f16, bf16 weights) below.
+//! (f16, bf16 weights) below. Each case is launched twice; both launches
+//! must give the same bits.
 //!
 //! Bound: |gpu - reference| <= 1e-5 * sum_k |w_k x_k| + 1e-6 per output
 //! (the same block terms summed in another f32 order; see fast/matmul.cu).
@@ -39,9 +40,22 @@ fn abs_sums(mem: &HostMemory, x: &Tensor, w: &Tensor) -> Vec<f64> {
 #[test]
 fn tensor_core_matmul_matches_the_reference() {
     let Some(g) = fast() else { return };
-    let mut rng = Rng::new(91);
+    check_products(g, 91, CASES, MATMUL_TOLERANCE, "fast matmul");
+}
+
+/// Runs every `(weight format, m, n, k)` case twice on `g` (activations in
+/// the weights' dot type, outputs poisoned first) against the CPU, each
+/// output within `tol` of its sum of |w x|, both launches the same bits.
+fn check_products(
+    g: &Gpu,
+    seed: u64,
+    cases: &[(DType, usize, usize, usize)],
+    tol: f64,
+    what: &str,
+) {
+    let mut rng = Rng::new(seed);
     let mut failures = Vec::new();
-    for &(wdtype, m, n, k) in CASES {
+    for &(wdtype, m, n, k) in cases {
         let mut mem = HostMemory::default();
         let w = weights(&mut rng, &mut mem, wdtype, m, k);
         let adtype = vec_dot_type(wdtype);
@@ -59,8 +73,8 @@ fn tensor_core_matmul_matches_the_reference() {
         let sums = abs_sums(&mem, &x, &w);
         for (launch, outs) in got.iter().enumerate() {
             let out = bytemuck_f32(&outs[0]);
-            let (worst, bad) = within_product_bound(&out, &want, &sums, MATMUL_TOLERANCE);
-            eprintln!("NOTE fast matmul {wdtype} m {m} n {n} k {k} launch {launch}: worst |err| / sum|wx| {worst:.2e}");
+            let (worst, bad) = within_product_bound(&out, &want, &sums, tol);
+            eprintln!("NOTE {what} {wdtype} m {m} n {n} k {k} launch {launch}: worst |err| / sum|wx| {worst:.2e}");
             if let Some((i, a, b)) = bad {
                 failures.push(format!(
                     "{wdtype} m {m} n {n} k {k}: output {i} (token {}, row {}) is {a}, reference {b}",
@@ -68,6 +82,9 @@ fn tensor_core_matmul_matches_the_reference() {
                     i % m
                 ));
             }
+        }
+        if got.len() == 2 && got[0] != got[1] {
+            failures.push(format!("{wdtype} m {m} n {n} k {k}: two launches differ"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -94,39 +111,5 @@ const HALF_TOLERANCE: f64 = 1e-4;
 #[test]
 fn half_tensor_core_matmul_matches_the_reference() {
     let Some(g) = fast() else { return };
-    let mut rng = Rng::new(92);
-    let mut failures = Vec::new();
-    for &(wdtype, m, n, k) in HALF_CASES {
-        let mut mem = HostMemory::default();
-        let w = weights(&mut rng, &mut mem, wdtype, m, k);
-        let mut xbytes = Vec::new();
-        for _ in 0..n {
-            xbytes.extend(quantized(wdtype, &rng.rows(1, k)));
-        }
-        let x = mem.tensor(wdtype, &[n, k], &xbytes).unwrap();
-        let o = mem.zeros(DType::F32, &[n, m]).unwrap();
-        let nd = node(Op::MatMul, vec![x, w], vec![o]);
-        poison_outputs(&nd, &mut mem);
-        let got = run_fast(g, &nd, &mem, vec![0, 0], 2);
-        let want = run_cpu(&node(Op::MatMul, vec![x, w], vec![o]), &mem);
-        let want: Vec<f32> = bytemuck_f32(&want[0]);
-        let sums = abs_sums(&mem, &x, &w);
-        for (launch, outs) in got.iter().enumerate() {
-            let out = bytemuck_f32(&outs[0]);
-            let (worst, bad) = within_product_bound(&out, &want, &sums, HALF_TOLERANCE);
-            eprintln!("NOTE fast half matmul {wdtype} m {m} n {n} k {k} launch {launch}: worst |err| / sum|wx| {worst:.2e}");
-            if let Some((i, a, b)) = bad {
-                failures.push(format!(
-                    "{wdtype} m {m} n {n} k {k}: output {i} (token {}, row {}) is {a}, reference {b}",
-                    i / m,
-                    i % m
-                ));
-            }
-        }
-        // Both launches give the same bits.
-        if got.len() == 2 && got[0] != got[1] {
-            failures.push(format!("{wdtype} m {m} n {n} k {k}: two launches differ"));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check_products(g, 92, HALF_CASES, HALF_TOLERANCE, "fast half matmul");
 }

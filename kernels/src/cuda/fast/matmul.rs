@@ -71,22 +71,17 @@ pub(in crate::cuda) fn shared_bytes(rows: usize, tokens: usize, slots: usize) ->
     2 * (rows + tokens) * (STRIDE_WORDS * 4 + CHUNKS * 4 * slots)
 }
 
-/// Enqueues `out = act @ w^T` for `n` rows of activations at `act` (the
-/// weights' dot type), `m` weight rows of `k` columns.
+/// Enqueues `out = act @ w^T` for the activations of `p` (the weights' dot
+/// type).
 ///
 /// # Safety
-/// As [`CudaKernels::launch`]: `act` and `out` cover `n` rows.
-#[allow(clippy::too_many_arguments)]
+/// As [`CudaKernels::launch`]: `p.act` and `p.out` cover `p.n` rows.
 pub(in crate::cuda) unsafe fn launch(
     kernels: &CudaKernels,
     stream: &CudaStream,
     op: &'static str,
     w: &DeviceTensor,
-    act: u64,
-    out: u64,
-    m: usize,
-    n: usize,
-    k: usize,
+    p: &Product,
 ) -> Result<(), OpError> {
     let Some(name) = format_name(w.tensor.dtype) else {
         return Err(bad_call(
@@ -94,27 +89,71 @@ pub(in crate::cuda) unsafe fn launch(
             format!("no tensor-core product of {} weights", w.tensor.dtype),
         ));
     };
-    let (part, rows, tokens) = tile(m, n, kernels.sms);
-    let grid_y = n.div_ceil(tokens);
-    if grid_y > 65_535 || i32::try_from(k).is_err() || i32::try_from(m).is_err() {
-        return Err(bad_call(op, format!("{n} x {m} x {k} exceeds one launch")));
+    let (part, rows, tokens) = tile(p.m, p.n, kernels.sms);
+    enqueue_tiles(
+        kernels,
+        stream,
+        op,
+        &format!("mq_{name}_{part}"),
+        (rows, tokens),
+        shared_bytes(rows, tokens, 2),
+        (w, p),
+        &[Arg::I32(w.constant as i32)],
+    )
+}
+
+/// The operands of `out = act @ w^T` besides the weights: device
+/// addresses of the activations and the output, `m` weight rows, `n`
+/// activation rows, `k` columns.
+pub(in crate::cuda) struct Product {
+    pub act: u64,
+    pub out: u64,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// Enqueues tile kernel `kernel` of the tensor-core products over a grid
+/// of (weight-row tiles, token tiles) for `tile = (rows, tokens)`, with
+/// arguments `(w, act, out, m, n, k, extra...)`.
+///
+/// # Safety
+/// As [`CudaKernels::launch`]: the operands cover their rows.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::cuda) unsafe fn enqueue_tiles(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    op: &'static str,
+    kernel: &str,
+    (rows, tokens): (usize, usize),
+    shared: usize,
+    (w, p): (&DeviceTensor, &Product),
+    extra: &[Arg],
+) -> Result<(), OpError> {
+    let grid_y = p.n.div_ceil(tokens);
+    if grid_y > 65_535 || i32::try_from(p.k).is_err() || i32::try_from(p.m).is_err() {
+        return Err(bad_call(
+            op,
+            format!("{} x {} x {} exceeds one launch", p.n, p.m, p.k),
+        ));
     }
-    let f = kernels.fns.get(op, &format!("mq_{name}_{part}"))?;
+    let f = kernels.fns.get(op, kernel)?;
+    let mut args = vec![
+        Arg::Ptr(w.ptr),
+        Arg::Ptr(p.act),
+        Arg::Ptr(p.out),
+        Arg::I32(p.m as i32),
+        Arg::I32(p.n as i32),
+        Arg::I32(p.k as i32),
+    ];
+    args.extend_from_slice(extra);
     enqueue(
         stream,
         f,
-        (m.div_ceil(rows) as u32, grid_y as u32, 1),
+        (p.m.div_ceil(rows) as u32, grid_y as u32, 1),
         THREADS,
-        shared_bytes(rows, tokens, 2) as u32,
-        &[
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(act),
-            Arg::Ptr(out),
-            Arg::I32(m as i32),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-            Arg::I32(w.constant as i32),
-        ],
+        shared as u32,
+        &args,
         op,
     )
 }

@@ -4,8 +4,9 @@
 //! of [`MIN_TOKENS`] or more activation rows. Decode products keep the
 //! exact kernels, which read the weights at memory speed.
 
-use super::super::launch::{bad_call, launch as enqueue, Arg};
+use super::super::launch::bad_call;
 use super::super::{CudaKernels, DeviceTensor};
+use super::matmul::{enqueue_tiles, Product};
 use cudarc::driver::CudaStream;
 use weft_ops::{DType, OpError};
 
@@ -16,9 +17,9 @@ pub(in crate::cuda) const KERNELS: &[&str] =
 /// one, [`super::matmul::MIN_TOKENS`]).
 pub(in crate::cuda) const MIN_TOKENS: usize = super::matmul::MIN_TOKENS;
 
-/// Threads per block (`MH_THREADS`), tokens per block (`MH_TOKENS`),
-/// columns per stage (`MH_KS`) and halves per shared row (`MH_STRIDE`).
-const THREADS: u32 = 128;
+/// Tokens per block (`MH_TOKENS`; threads per block, `MH_THREADS`, are
+/// the quantized product's), columns per stage (`MH_KS`) and halves per
+/// shared row (`MH_STRIDE`).
 const TOKENS: usize = 64;
 const STAGE_COLUMNS: usize = 64;
 const STRIDE_HALVES: usize = STAGE_COLUMNS + 8;
@@ -70,23 +71,17 @@ fn shared_bytes(rows: usize) -> usize {
     2 * (TOKENS + rows) * STRIDE_HALVES * 2
 }
 
-/// Enqueues `out = act @ w^T` for `n` rows of activations at `act` (the
-/// weights' type), `m` weight rows of `k` columns; the caller checked
-/// [`takes`].
+/// Enqueues `out = act @ w^T` for the activations of `p` (the weights'
+/// type); the caller checked [`takes`].
 ///
 /// # Safety
-/// As [`CudaKernels::launch`]: `act` and `out` cover `n` rows.
-#[allow(clippy::too_many_arguments)]
+/// As [`CudaKernels::launch`]: `p.act` and `p.out` cover `p.n` rows.
 pub(in crate::cuda) unsafe fn launch(
     kernels: &CudaKernels,
     stream: &CudaStream,
     op: &'static str,
     w: &DeviceTensor,
-    act: u64,
-    out: u64,
-    m: usize,
-    n: usize,
-    k: usize,
+    p: &Product,
 ) -> Result<(), OpError> {
     let Some(name) = format_name(w.tensor.dtype) else {
         return Err(bad_call(
@@ -97,27 +92,16 @@ pub(in crate::cuda) unsafe fn launch(
             ),
         ));
     };
-    let rows = tile_rows(m, n, kernels.sms);
-    let grid_y = n.div_ceil(TOKENS);
-    if grid_y > 65_535 || i32::try_from(k).is_err() || i32::try_from(m).is_err() {
-        return Err(bad_call(op, format!("{n} x {m} x {k} exceeds one launch")));
-    }
-    let f = kernels.fns.get(op, &format!("mh_{name}_r{rows}"))?;
-    enqueue(
+    let rows = tile_rows(p.m, p.n, kernels.sms);
+    enqueue_tiles(
+        kernels,
         stream,
-        f,
-        (m.div_ceil(rows) as u32, grid_y as u32, 1),
-        THREADS,
-        shared_bytes(rows) as u32,
-        &[
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(act),
-            Arg::Ptr(out),
-            Arg::I32(m as i32),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-        ],
         op,
+        &format!("mh_{name}_r{rows}"),
+        (rows, TOKENS),
+        shared_bytes(rows),
+        (w, p),
+        &[],
     )
 }
 
