@@ -52,8 +52,8 @@ mod tests {
     #[test]
     fn one_row_matmuls_of_one_activation_share_a_key() {
         let x = t(1, 64, DType::Q8_0, &[1, 64]);
-        let q = matmul(x.clone(), t(2, 0, DType::Q4_0, &[64, 64]));
-        let k = matmul(x.clone(), t(3, 0, DType::Q4_0, &[32, 64]));
+        let q = matmul(x, t(2, 0, DType::Q4_0, &[64, 64]));
+        let k = matmul(x, t(3, 0, DType::Q4_0, &[32, 64]));
         assert!(q.shared_launch_key().is_some());
         assert_eq!(q.shared_launch_key(), k.shared_launch_key());
         // Another activation row, another weight format, several rows.

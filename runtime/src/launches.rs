@@ -136,7 +136,7 @@ mod tests {
 
     fn norm() -> OpNode {
         let x = t(3, 0, DType::F32, &[1, 64]);
-        OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x.clone()], vec![x])
+        OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x], vec![x])
     }
 
     fn rules(streams: usize, share: bool) -> LaunchRules<'static> {
@@ -172,7 +172,7 @@ mod tests {
             matvec(0, DType::Q4_0),
         ];
         let refs: Vec<&OpNode> = nodes.iter().collect();
-        let plan = plan(&refs, &[0..7], &rules(4, true));
+        let plan = plan(&refs, std::slice::from_ref(&(0..7)), &rules(4, true));
         assert_eq!(
             nodes_of(&plan),
             [vec![vec![0, 2, 5], vec![1], vec![3], vec![4], vec![6]]]
@@ -193,7 +193,7 @@ mod tests {
     fn timed_command_buffers_launch_every_node_alone() {
         let nodes = [matvec(0, DType::Q4_0), matvec(0, DType::Q4_0)];
         let refs: Vec<&OpNode> = nodes.iter().collect();
-        let plan = plan(&refs, &[0..2], &rules(4, false));
+        let plan = plan(&refs, std::slice::from_ref(&(0..2)), &rules(4, false));
         assert_eq!(nodes_of(&plan), [vec![vec![0], vec![1]]]);
         assert_eq!(plan[0].width, 2);
     }
