@@ -4,7 +4,7 @@
 # `weft bench` alternating the builds (A, B, A, B) so the machine's drift
 # falls on both. For a change that must not move a bit or a microsecond.
 # Usage: compare-builds.sh WEFT_A WEFT_B DEPTHS MODEL... (JSON and logs
-# under $OUT; the summary is printed).
+# under $OUT; the summary is printed; BENCH=0 leaves the timings out).
 set -u -o pipefail
 a=$1 b=$2 depths=$3; shift 3
 OUT=${OUT:-/tmp/weft-compare}; mkdir -p "$OUT"
@@ -31,6 +31,7 @@ for model in "$@"; do
       fi
     done
   done
+  [ "${BENCH:-1}" = 0 ] && continue
   for mode in exact fast; do
     for round in 1 2; do
       for side in a b; do
