@@ -39,7 +39,7 @@ fn format_name(w: DType) -> Option<&'static str> {
 /// A product of long rows whose grid would leave most multiprocessors idle
 /// (few weight rows, more than [`LONG_ROWS`] columns: DeepSeek-V4's
 /// 24 x 16,384 mixer) keeps the exact kernel, which splits its rows finer
-/// (measured faster there: 182 against 208 µs at 512 tokens).
+/// and is the faster of the two there (docs/performance.md).
 pub(in crate::cuda) fn takes(w: &DeviceTensor, act: u64, n: usize, k: usize, sms: usize) -> bool {
     let m = w.tensor.rows();
     n >= MIN_TOKENS
