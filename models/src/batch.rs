@@ -33,12 +33,11 @@ impl Model {
     /// matmuls then take their many-row kernels). Other devices keep the
     /// exact limit. 0 when this model does not batch.
     pub fn batch_limit(&self, exec: &GraphExecutor, max: usize) -> usize {
-        let exact = self.exact_batch_limit(exec, max);
         let fast_cpu = exec.device() == Device::Cpu && exec.config().numerics == Numerics::Fast;
         if fast_cpu && self.batches() {
             max
         } else {
-            exact
+            self.exact_batch_limit(exec, max)
         }
     }
 

@@ -342,24 +342,17 @@ pub(super) fn groups(node: &OpNode) -> bool {
     let (Some(x), Some(w)) = (node.inputs.first(), node.inputs.get(1)) else {
         return false;
     };
-    // decode_operands's conditions, without building its errors (asked of
-    // every node of a level whenever a graph is built).
     match node.op {
         weft_ops::Op::MatMulRows { .. } => true,
-        weft_ops::Op::MatMul => {
-            matches!(
-                w.dtype,
-                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0
-            ) && x.rows() == 1
-                && x.dtype == vec_dot_type(w.dtype)
-        }
+        weft_ops::Op::MatMul => decode_operands("matmul", x, w).is_ok(),
         _ => false,
     }
 }
 
 /// Launches up to [`GROUP_MAX`] decode matvecs of one activation row (one
-/// [`OpNode::shared_launch_key`], every member [`groups`]) as one kernel: each node's rows on its own blocks,
-/// computed as that node alone computes them.
+/// [`OpNode::shared_launch_key`], every member [`groups`]) as one kernel:
+/// each node's rows on its own blocks, computed as that node alone
+/// computes them.
 ///
 /// # Safety
 /// See [`CudaKernels::launch`], for every member.

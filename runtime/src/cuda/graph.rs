@@ -228,7 +228,9 @@ impl CudaBackend {
         let key = signature(&self.kernels, &cb);
         match self.run(&cb, key) {
             Ok((launch, graph, slot)) => {
-                let timing = slot.map(|slot| (timed_nodes(&cb, &self.plan_launches(&cb)), slot));
+                let timing = slot
+                    .zip(graph.as_ref())
+                    .map(|(slot, g)| (timed_nodes(&cb, &g.launches), slot));
                 let work = self.work(launch, graph, timing, cb.keep_alive);
                 (work, self.has_graph(key).then_some(key))
             }
