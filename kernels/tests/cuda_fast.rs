@@ -355,8 +355,10 @@ fn fused_qkv_split_attention_matches_the_chain() {
                     start: qp,
                     ring: None,
                 });
-                let rows =
-                    |rope, write, ins, out| node(Op::MatMulRows { rope, write }, ins, vec![out]);
+                let rows = |rope, write, ins, out| {
+                    let bias = false;
+                    node(Op::MatMulRows { rope, write, bias }, ins, vec![out])
+                };
                 let qn = rows(Some(rope), None, vec![x, wq, pos], q);
                 let kn = rows(Some(rope), write, vec![x, wk, pos], kc);
                 let vn = rows(None, write, vec![x, wv], vc);

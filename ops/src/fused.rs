@@ -73,8 +73,9 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
             ]
         }
-        Op::MatMulRows { rope, write } => {
-            arity(if rope.is_some() { 3 } else { 2 }, 1)?;
+        Op::MatMulRows { rope, write, bias } => {
+            let with_rope = rope.is_some() as usize;
+            arity(2 + with_rope + *bias as usize, 1)?;
             let (x, w) = (ins[0], ins[1]);
             let rows = vec![x.rows(), w.rows()];
             let mut parts = Vec::new();
@@ -84,6 +85,13 @@ pub fn decompose(
                 scratch(DType::F32, &rows)?
             };
             parts.push(OpNode::new(Op::MatMul, vec![x, w], vec![cur]));
+            if *bias {
+                parts.push(OpNode::new(
+                    Op::Add,
+                    vec![cur, ins[2 + with_rope]],
+                    vec![cur],
+                ));
+            }
             if let Some(r) = rope {
                 let next = if write.is_some() {
                     scratch(DType::F32, &rows)?
@@ -138,6 +146,7 @@ pub fn decompose(
                 Op::MatMulRows {
                     rope: Some(p.q_rope),
                     write: None,
+                    bias: false,
                 },
                 vec![x, ins[3], pos],
                 vec![q],
@@ -151,6 +160,7 @@ pub fn decompose(
                     Op::MatMulRows {
                         rope: pw.rope,
                         write: Some(pw.write),
+                        bias: false,
                     },
                     inputs,
                     vec![cache],
@@ -183,6 +193,21 @@ pub fn starts_pair(op: &Op) -> bool {
     )
 }
 
+/// `([x, w], bias)` of a product with nothing fused after it: a plain
+/// `matmul`, or a `matmul+bias`.
+fn plain_product(node: &OpNode) -> Option<([Tensor; 2], Option<Tensor>)> {
+    let xw = [*node.inputs.first()?, *node.inputs.get(1)?];
+    match node.op {
+        Op::MatMul => Some((xw, None)),
+        Op::MatMulRows {
+            rope: None,
+            write: None,
+            bias: true,
+        } => Some((xw, Some(*node.inputs.get(2)?))),
+        _ => None,
+    }
+}
+
 /// `(weights, cache)` of the projections an [`Op::ProjAttention`] node
 /// absorbed: the key's, then the value's.
 fn absorbed(node: &OpNode) -> Vec<(Tensor, Tensor)> {
@@ -200,6 +225,7 @@ fn absorb_projection(first: &OpNode, second: &OpNode, slot: usize) -> Option<OpN
     let Op::MatMulRows {
         rope,
         write: Some(write),
+        bias: false,
     } = first.op
     else {
         return None;
@@ -267,31 +293,72 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
                 second.outputs.clone(),
             ))
         }
-        // A product read only by its rotation and/or its cache write.
-        (Op::MatMul, Op::Rope(r)) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
-            Op::MatMulRows {
-                rope: Some(*r),
-                write: None,
-            },
-            vec![first.inputs[0], first.inputs[1], second.inputs[1]],
-            second.outputs.clone(),
-        )),
-        (Op::MatMul, Op::SetRows { start, ring }) if reads_out(0) && !keep_intermediate => {
+        // A decode product's bias row, added in place.
+        (Op::MatMul, Op::Add)
+            if reads_out(0)
+                && second.outputs.first() == Some(&out)
+                && second.inputs[1] != out
+                && first.inputs[0].rows() == 1
+                && second.inputs[1].rows() == 1 =>
+        {
             Some(OpNode::new(
                 Op::MatMulRows {
                     rope: None,
-                    write: Some(crate::op::RowsWrite {
-                        start: *start,
-                        ring: *ring,
-                    }),
+                    write: None,
+                    bias: true,
                 },
-                first.inputs.clone(),
+                vec![first.inputs[0], first.inputs[1], second.inputs[1]],
                 second.outputs.clone(),
             ))
         }
-        (Op::MatMul, Op::RopeSetRows { rope, start, ring })
-            if reads_out(0) && !keep_intermediate =>
-        {
+        // A product (with its bias or not) read only by its rotation and/or
+        // its cache write.
+        (_, Op::Rope(r)) if reads_out(0) && !keep_intermediate => {
+            let (xw, bias) = plain_product(first)?;
+            Some(OpNode::new(
+                Op::MatMulRows {
+                    rope: Some(*r),
+                    write: None,
+                    bias: bias.is_some(),
+                },
+                [&xw[..], &[second.inputs[1]], bias.as_slice()].concat(),
+                second.outputs.clone(),
+            ))
+        }
+        (_, Op::SetRows { start, ring }) if reads_out(0) && !keep_intermediate => {
+            let write = Some(crate::op::RowsWrite {
+                start: *start,
+                ring: *ring,
+            });
+            if let Op::MatMulRows {
+                rope: Some(r),
+                write: None,
+                bias,
+            } = &first.op
+            {
+                return Some(OpNode::new(
+                    Op::MatMulRows {
+                        rope: Some(*r),
+                        write,
+                        bias: *bias,
+                    },
+                    first.inputs.clone(),
+                    second.outputs.clone(),
+                ));
+            }
+            let (xw, bias) = plain_product(first)?;
+            Some(OpNode::new(
+                Op::MatMulRows {
+                    rope: None,
+                    write,
+                    bias: bias.is_some(),
+                },
+                [&xw[..], bias.as_slice()].concat(),
+                second.outputs.clone(),
+            ))
+        }
+        (_, Op::RopeSetRows { rope, start, ring }) if reads_out(0) && !keep_intermediate => {
+            let (xw, bias) = plain_product(first)?;
             Some(OpNode::new(
                 Op::MatMulRows {
                     rope: Some(*rope),
@@ -299,28 +366,12 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
                         start: *start,
                         ring: *ring,
                     }),
+                    bias: bias.is_some(),
                 },
-                vec![first.inputs[0], first.inputs[1], second.inputs[1]],
+                [&xw[..], &[second.inputs[1]], bias.as_slice()].concat(),
                 second.outputs.clone(),
             ))
         }
-        (
-            Op::MatMulRows {
-                rope: Some(r),
-                write: None,
-            },
-            Op::SetRows { start, ring },
-        ) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
-            Op::MatMulRows {
-                rope: Some(*r),
-                write: Some(crate::op::RowsWrite {
-                    start: *start,
-                    ring: *ring,
-                }),
-            },
-            first.inputs.clone(),
-            second.outputs.clone(),
-        )),
         // The gate projection into silu_mul + quantize; then the up
         // projection (same activations) into that.
         (Op::MatMul, Op::SiluMulQuantize)
@@ -355,6 +406,7 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
             Op::MatMulRows {
                 rope: Some(r),
                 write: None,
+                bias: false,
             },
             Op::AttentionQuantize(p),
         ) if reads_out(0) && !keep_intermediate && first.inputs[0].rows() == 1 => {

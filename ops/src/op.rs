@@ -262,14 +262,17 @@ pub enum Op {
         /// As in [`Op::RmsNorm`].
         eps: f32,
     },
-    /// Fused `matmul` then what reads its rows: `rope` (when `rope` is set;
-    /// inputs `x`, `w`, `positions`) and/or `set_rows` into a cache (when
-    /// `write` is set; the output is the cache). Inputs `x`, `w` otherwise.
+    /// Fused `matmul` then what reads its rows: a bias added in place (when
+    /// `bias` is set), `rope` (when `rope` is set) and/or `set_rows` into a
+    /// cache (when `write` is set; the output is the cache). Inputs `x`,
+    /// `w`, then `positions` with a rope, then the one-row `bias`.
     MatMulRows {
         /// The rotation applied to the product, if any.
         rope: Option<RopeParams>,
         /// The cache rows the product is written to, if any.
         write: Option<RowsWrite>,
+        /// A bias row is added to the product before the rotation.
+        bias: bool,
     },
     /// Fused gate projection, `silu_mul` and `quantize` (a feed-forward's
     /// middle): inputs `x`, `w_gate` and the up projection's output `u`
@@ -409,9 +412,10 @@ impl Op {
                 start: 0,
                 ring: *ring,
             },
-            Op::MatMulRows { rope, write } => Op::MatMulRows {
+            Op::MatMulRows { rope, write, bias } => Op::MatMulRows {
                 rope: *rope,
                 write: write.as_ref().map(rows),
+                bias: *bias,
             },
             Op::SinkAttention(p) => Op::SinkAttention(SinkAttentionParams {
                 q_position: 0,
@@ -522,12 +526,18 @@ impl Op {
             Op::ProjAttention(_) => "qkv+attention+quantize",
             Op::MatMulSiluQuantize { up: false } => "matmul+silu_mul+quantize",
             Op::MatMulSiluQuantize { up: true } => "gate_up+silu_mul+quantize",
-            Op::MatMulRows { rope, write } => match (rope.is_some(), write.is_some()) {
-                (true, true) => "matmul+rope+set_rows",
-                (true, false) => "matmul+rope",
-                (false, true) => "matmul+set_rows",
-                (false, false) => "matmul",
-            },
+            Op::MatMulRows { rope, write, bias } => {
+                match (*bias, rope.is_some(), write.is_some()) {
+                    (false, true, true) => "matmul+rope+set_rows",
+                    (false, true, false) => "matmul+rope",
+                    (false, false, true) => "matmul+set_rows",
+                    (false, false, false) => "matmul",
+                    (true, true, true) => "matmul+bias+rope+set_rows",
+                    (true, true, false) => "matmul+bias+rope",
+                    (true, false, true) => "matmul+bias+set_rows",
+                    (true, false, false) => "matmul+bias",
+                }
+            }
         }
     }
 }
@@ -663,6 +673,7 @@ mod tests {
         let rows = |start, ring| Op::MatMulRows {
             rope: None,
             write: Some(RowsWrite { start, ring }),
+            bias: false,
         };
         let same = [
             (
@@ -715,6 +726,7 @@ mod tests {
                 Op::MatMulRows {
                     rope: None,
                     write: None,
+                    bias: false,
                 },
             ),
             (sink(1, 4), sink(1, 5)),

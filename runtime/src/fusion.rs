@@ -270,6 +270,7 @@ mod tests {
                 Op::MatMulRows {
                     rope: Some(rope),
                     write: None,
+                    bias: false,
                 },
                 vec![x, wq, pos],
                 vec![q],
@@ -278,11 +279,20 @@ mod tests {
                 Op::MatMulRows {
                     rope: Some(rope),
                     write,
+                    bias: false,
                 },
                 vec![x, wk, pos],
                 vec![kc],
             ),
-            OpNode::new(Op::MatMulRows { rope: None, write }, vec![x, wv], vec![vc]),
+            OpNode::new(
+                Op::MatMulRows {
+                    rope: None,
+                    write,
+                    bias: false,
+                },
+                vec![x, wv],
+                vec![vc],
+            ),
             OpNode::new(
                 Op::AttentionQuantize(attn),
                 vec![q, kc.rows_view(0, 4).unwrap(), vc.rows_view(0, 4).unwrap()],
@@ -314,5 +324,87 @@ mod tests {
         let no_proj = |n: &OpNode| !matches!(n.op, Op::ProjAttention(_));
         fuse(&mut n2, &mut kept, &dead, &no_proj, true, true);
         assert_eq!(kept, payloads);
+    }
+
+    /// Qwen's q, k and v projections add a bias row in place before their
+    /// rope and cache writes: each chain becomes one `matmul_rows` node
+    /// with its bias, and a biased query does not fold into attention (the
+    /// fused attention takes no biases).
+    #[test]
+    fn biased_projections_fuse_into_matmul_rows() {
+        use weft_ops::{AttentionParams, RopeMode, RopeParams};
+        let x = t(0, DType::Q8_0, &[1, 64]);
+        let (wq, wk, wv) = (
+            t(1, DType::Q5_0, &[128, 64]),
+            t(2, DType::Q5_0, &[64, 64]),
+            t(3, DType::Q5_0, &[64, 64]),
+        );
+        let (bq, bk, bv) = (
+            t(4, DType::F32, &[128]),
+            t(5, DType::F32, &[64]),
+            t(6, DType::F32, &[64]),
+        );
+        let pos = t(7, DType::I32, &[1]);
+        let (q, k, v) = (
+            t(8, DType::F32, &[1, 128]),
+            t(9, DType::F32, &[1, 64]),
+            t(10, DType::F32, &[1, 64]),
+        );
+        let (qr, kr) = (t(11, DType::F32, &[1, 128]), t(12, DType::F32, &[1, 64]));
+        let (kc, vc) = (t(13, DType::F16, &[16, 64]), t(14, DType::F16, &[16, 64]));
+        let out = t(15, DType::Q8_0, &[1, 128]);
+        let rope = RopeParams::plain(RopeMode::Neox, 64, 64, 1e6);
+        let attn = AttentionParams {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            scale: 0.125,
+            q_position: 3,
+            window: None,
+            ring: None,
+            softcap: 0.0,
+            kv_capacity: 16,
+            flash: true,
+        };
+        let set = Op::SetRows {
+            start: 3,
+            ring: None,
+        };
+        let payloads = vec![
+            OpNode::new(Op::MatMul, vec![x, wq], vec![q]),
+            OpNode::new(Op::Add, vec![q, bq], vec![q]),
+            OpNode::new(Op::MatMul, vec![x, wk], vec![k]),
+            OpNode::new(Op::Add, vec![k, bk], vec![k]),
+            OpNode::new(Op::Rope(rope), vec![q, pos], vec![qr]),
+            OpNode::new(Op::MatMul, vec![x, wv], vec![v]),
+            OpNode::new(Op::Add, vec![v, bv], vec![v]),
+            OpNode::new(Op::Rope(rope), vec![k, pos], vec![kr]),
+            OpNode::new(set.clone(), vec![kr], vec![kc]),
+            OpNode::new(set, vec![v], vec![vc]),
+            OpNode::new(
+                Op::AttentionQuantize(attn),
+                vec![qr, kc.rows_view(0, 4).unwrap(), vc.rows_view(0, 4).unwrap()],
+                vec![out],
+            ),
+        ];
+        let mut nodes = graph_nodes(&payloads);
+        let mut fused = payloads.clone();
+        let dead: HashSet<BufferId> = (8..=12).map(BufferId).collect();
+        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, true);
+        let names: Vec<&str> = fused.iter().map(|n| n.op.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "matmul+bias+rope",
+                "matmul+bias+rope+set_rows",
+                "matmul+bias+set_rows",
+                "attention+quantize"
+            ],
+            "{fused:?}"
+        );
+        assert_eq!(fused[0].inputs, vec![x, wq, pos, bq]);
+        assert_eq!(fused[1].inputs, vec![x, wk, pos, bk]);
+        assert_eq!(fused[2].inputs, vec![x, wv, bv]);
+        assert_eq!(replay(payloads, &rounds), Some(fused));
     }
 }

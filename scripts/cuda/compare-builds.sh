@@ -4,7 +4,8 @@
 # `weft bench` alternating the builds (A, B, A, B) so the machine's drift
 # falls on both. For a change that must not move a bit or a microsecond.
 # Usage: compare-builds.sh WEFT_A WEFT_B DEPTHS MODEL... (JSON and logs
-# under $OUT; the summary is printed; BENCH=0 leaves the timings out).
+# under $OUT; the summary is printed; BENCH=0 leaves the timings out,
+# BITS=0 the tokens and perplexities).
 set -u -o pipefail
 a=$1 b=$2 depths=$3; shift 3
 OUT=${OUT:-/tmp/weft-compare}; mkdir -p "$OUT"
@@ -15,6 +16,7 @@ for model in "$@"; do
   name=$(basename "$model" .gguf)
   echo "== $name"
   for mode in exact fast; do
+    [ "${BITS:-1}" = 0 ] && break
     for side in a b; do
       w=$a; [ "$side" = b ] && w=$b
       timeout 200 "$w" run --backend cuda --model "$model" --numerics "$mode" --prompt-ids "$ids" -n 48 \

@@ -309,7 +309,8 @@ ROPE_SET_ROWS_ENTRY(f16, 1)
 ROPE_SET_ROWS_ENTRY(bf16, 2)
 
 // A decode matvec fused with what reads its rows (`matmul+rope`,
-// `matmul+set_rows`, `matmul+rope+set_rows`): each row's product, then the
+// `matmul+set_rows`, `matmul+rope+set_rows`, each with a bias or not): each
+// row's product, plus its bias when `bias` is set, then the
 // rope's rotation of its pair (normal mode: rows 2i and 2i + 1 of a head,
 // which lie in neighbouring groups of eight threads of one warp), then the
 // value converted into cache row `start` (from the step scalars), exactly
@@ -320,9 +321,10 @@ ROPE_SET_ROWS_ENTRY(bf16, 2)
 template <class F, int CH, bool ROPE, int D>
 DEV void matmul_rows_body(const u8* w, const u8* act, u8* out, int m, int nb, const i32* positions,
                           const float2* table, RopeArgs ra, u64 dst_row, u32 start, u32 ring,
-                          const u32* step, int pre, int blk) {
+                          const u32* step, int pre, int blk, const float* bias) {
     int row;
-    const float s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
+    float s = mv_row32<F, CH>(w, act, m, nb, &row, pre, blk);
+    if (bias) s = __fadd_rn(s, bias[min(row, m - 1)]);
     const float other = __shfl_xor_sync(FULL_MASK, s, 8);  // the pair's other row
     if ((threadIdx.x & 7) != 0 || row >= m) return;
     float v = s;
@@ -362,6 +364,7 @@ struct RowsSeg {
     RopeArgs ra;
     u32 start, ring;
     int m, first_block, mode, pre;
+    const float* bias;  // or null
 };
 
 template <class F, int CH>
@@ -369,7 +372,8 @@ DEV void rows_group_body(const u8* act, int nb, const RowsSeg& s, int blk) {
 #define ROWS_GROUP_CASE(MODE, ROPE, D)                                                         \
     case MODE:                                                                                 \
         matmul_rows_body<F, CH, ROPE, D>(s.w, act, s.out, s.m, nb, s.positions, s.table, s.ra, \
-                                         s.dst_row, s.start, s.ring, s.step, s.pre, blk);      \
+                                         s.dst_row, s.start, s.ring, s.step, s.pre, blk,       \
+                                         s.bias);                                              \
         break;
     switch (s.mode) {
         ROWS_GROUP_CASE(0, false, -1)

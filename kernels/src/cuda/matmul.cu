@@ -114,6 +114,17 @@ DEV void stage_bytes(u8* dst, const u8* src, int bytes) {
         stage_words((u16*)dst, (const u16*)src, bytes / 2);
 }
 
+// Starts copying `bytes` (even) from global to shared memory with the
+// whole block: 16-byte cp.async pieces (both ends 16-byte aligned; one
+// commit group, not waited for), the tail under 16 bytes in 2-byte words.
+DEV void stage_async(u8* dst, const u8* src, int bytes) {
+    const int n16 = bytes >> 4;
+    for (int c = threadIdx.x; c < n16; c += blockDim.x) cp_async16(dst + 16 * c, src + 16 * c);
+    for (int c = 16 * n16 + 2 * threadIdx.x; c < bytes; c += 2 * blockDim.x)
+        *(u16*)(dst + c) = ld_u16(src + c);
+    cp_async_commit();
+}
+
 // Decode (one token): eight lanes per weight row, blockDim / 8 rows per
 // block. The activation row is staged in shared memory; each thread issues
 // the loads of up to MV_CHUNK blocks of its row before using any (24, or 48
@@ -199,17 +210,11 @@ DEV void mv_rows32_staged(const u8* w0, const u8* w1, const u8* act, int m, int 
     const int r0 = blk * ROWS, rows = min(ROWS, m - r0);
     u8* as = mm_dyn + NW * ROWS * row_bytes;
     const int bytes = rows * row_bytes, n16 = bytes >> 4;
+    // The last block's rows may end inside a 16-byte piece.
     auto copy = [&]() {
 #pragma unroll
-        for (int i = 0; i < NW; i++) {
-            const u8* src = (i ? w1 : w0) + (size_t)r0 * row_bytes;
-            u8* dst = mm_dyn + i * ROWS * row_bytes;
-            for (int c = threadIdx.x; c < n16; c += blockDim.x) cp_async16(dst + 16 * c, src + 16 * c);
-            // The last block's rows may end inside a 16-byte piece.
-            for (int c = 16 * n16 + 2 * threadIdx.x; c < bytes; c += 2 * blockDim.x)
-                *(u16*)(dst + c) = ld_u16(src + c);
-        }
-        cp_async_commit();
+        for (int i = 0; i < NW; i++)
+            stage_async(mm_dyn + i * ROWS * row_bytes, (i ? w1 : w0) + (size_t)r0 * row_bytes, bytes);
     };
     if (pre) copy();
     pdl_sync();
@@ -353,20 +358,12 @@ DEV int q4k_order(int m, int n, int t) {
     return n >= 8 ? 3 : 0;
 }
 
+// The products of weight row `wrow` (this thread's row: eight lanes per
+// row) with activation rows a[0..TT) into res[0..TT), valid in lane 0 of
+// the row's eight.
 template <int TT>
-DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+DEV void q4k_row_dot(const u8* wrow, const u8* const* a, const int* order, int nb, float* res) {
     const int k = threadIdx.x & 7;
-    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
-    const int t0 = blockIdx.y * TT;
-    const int r = min(row, m - 1);
-    const u8* wrow = w + (size_t)r * nb * 144;
-    const u8* a[TT];
-    int order[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-        a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
-        order[t] = q4k_order(m, n, min(t0 + t, n - 1));
-    }
     float acc[TT], accm[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t] = accm[t] = 0.0f;
@@ -436,18 +433,37 @@ DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-        float res;
+        float r;
         if (order[t] == 0) {
             const float s = hsum8_lanes(acc[t]);
             // lanes 0..3 hold acc_m[0..3]: (m0 + m2) + (m1 + m3)
             const float u = accm[t] + __shfl_down_sync(FULL_MASK, accm[t], 2, 8);
             const float mm = u + __shfl_down_sync(FULL_MASK, u, 1, 8);
-            res = s + mm;
+            r = s + mm;
         } else {
-            res = order[t] == 3 ? acc[t] : acc[t] - accm[t];
+            r = order[t] == 3 ? acc[t] : acc[t] - accm[t];
         }
-        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = res;
+        res[t] = r;
     }
+}
+
+template <int TT>
+DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int t0 = blockIdx.y * TT;
+    const u8* wrow = w + (size_t)min(row, m - 1) * nb * 144;
+    const u8* a[TT];
+    int order[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+        order[t] = q4k_order(m, n, min(t0 + t, n - 1));
+    }
+    float res[TT];
+    q4k_row_dot<TT>(wrow, a, order, nb, res);
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        if ((threadIdx.x & 7) == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = res[t];
 }
 
 // Q6_K: vec_dot under 8 tokens (eight lanes; lane k sums scale * code * y
@@ -456,16 +472,8 @@ DEV void mm_q4k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
 // 32k..32k+31), the tiled order from 8 tokens (the super-block's exact
 // integer sum, times d_w, then one fused step by d_a).
 template <int TT>
-DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+DEV void q6k_row_dot(const u8* wrow, const u8* const* a, bool tiled, int nb, float* res) {
     const int k = threadIdx.x & 7;
-    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
-    const int t0 = blockIdx.y * TT;
-    const int r = min(row, m - 1);
-    const bool tiled = n >= 8;
-    const u8* wrow = w + (size_t)r * nb * 210;
-    const u8* a[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
     float acc[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t] = 0.0f;
@@ -509,10 +517,58 @@ DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
         }
     }
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        const float s = tiled ? acc[t] : hsum8_lanes(acc[t]);
-        if (k == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = s;
+    for (int t = 0; t < TT; t++) res[t] = tiled ? acc[t] : hsum8_lanes(acc[t]);
+}
+
+template <int TT>
+DEV void mm_q6k(const u8* w, const u8* act, float* out, int m, int n, int nb) {
+    const int row = blockIdx.x * (blockDim.x / 8) + (threadIdx.x >> 3);
+    const int t0 = blockIdx.y * TT;
+    const u8* wrow = w + (size_t)min(row, m - 1) * nb * 210;
+    const u8* a[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) a[t] = act + (size_t)min(t0 + t, n - 1) * nb * Q8K_BYTES;
+    float res[TT];
+    q6k_row_dot<TT>(wrow, a, n >= 8, nb, res);
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        if ((threadIdx.x & 7) == 0 && row < m && t0 + t < n) out[(size_t)(t0 + t) * m + row] = res[t];
+}
+
+// A decode matvec of a K format with the block's weight rows (blockDim / 8
+// of them) staged in shared memory by 16-byte cp.async, before the wait
+// when `pre` (the weights are constant), and the activation row after
+// them; each thread then computes what mm_q4k / mm_q6k compute for one
+// token, in their order. Unstaged, a lane walks its row's super-blocks one
+// round of dependent loads at a time (a memory latency per super-block);
+// staged, all of the block's loads are in flight at once and move whole
+// lines. The matrix is 16-byte aligned; 8 rows of either format are a
+// multiple of 16 bytes.
+template <int Q6>
+DEV void mm_kquant_staged(const u8* w, const u8* act, float* out, int m, int nb, int pre) {
+    extern __shared__ __align__(16) u8 mm_dyn[];
+    const int ROWS = blockDim.x >> 3;
+    const int row_bytes = nb * (Q6 ? 210 : 144);
+    const int r0 = blockIdx.x * ROWS, rows = min(ROWS, m - r0);
+    u8* as = mm_dyn + ROWS * row_bytes;
+    const u8* src = w + (size_t)r0 * row_bytes;
+    if (pre) stage_async(mm_dyn, src, rows * row_bytes);
+    pdl_sync();
+    if (!pre) stage_async(mm_dyn, src, rows * row_bytes);
+    stage_bytes(as, act, nb * Q8K_BYTES);
+    cp_async_wait_all();
+    __syncthreads();
+    const int lr = threadIdx.x >> 3;
+    const u8* wrow = mm_dyn + min(lr, rows - 1) * row_bytes;
+    const u8* a[1] = {as};
+    float res[1];
+    if (Q6) {
+        q6k_row_dot<1>(wrow, a, false, nb, res);
+    } else {
+        const int order[1] = {q4k_order(m, 1, 0)};
+        q4k_row_dot<1>(wrow, a, order, nb, res);
     }
+    if ((threadIdx.x & 7) == 0 && r0 + lr < m) out[r0 + lr] = res[0];
 }
 
 // ---- float formats ------------------------------------------------------------
@@ -786,6 +842,14 @@ MM_ENTRY(mm_q4_k_t1, mm_q4k<1>)
 MM_ENTRY(mm_q4_k_t4, mm_q4k<4>)
 MM_ENTRY(mm_q6_k_t1, mm_q6k<1>)
 MM_ENTRY(mm_q6_k_t4, mm_q6k<4>)
+extern "C" __global__ void __launch_bounds__(256)
+    mm_q4_k_t1_staged(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {
+    mm_kquant_staged<0>(w, act, out, m, nb, pre);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    mm_q6_k_t1_staged(const u8* w, const u8* act, float* out, int m, int n, int nb, int pre) {
+    mm_kquant_staged<1>(w, act, out, m, nb, pre);
+}
 MM_ENTRY(mm_f32_dot_t1, (mm_float_vecdot<0, 1>))
 MM_ENTRY(mm_f32_dot64_t1, mm_float_vecdot64<0>)
 MM_ENTRY(mm_f16_dot64_t1, mm_float_vecdot64<1>)

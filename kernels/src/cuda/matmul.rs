@@ -48,14 +48,18 @@ pub(crate) struct RowsSeg {
     first_block: i32,
     mode: i32,
     pre: i32,
+    /// The node's bias row (f32), or 0.
+    bias: u64,
 }
-const _: () = assert!(std::mem::size_of::<RowsSeg>() == 120);
+const _: () = assert!(std::mem::size_of::<RowsSeg>() == 128);
 
-/// A node of a grouped launch: a `matmul_rows` node's rope and cache write
-/// (both `None` for a plain decode matmul), its tensors and step scalars.
+/// A node of a grouped launch: a `matmul_rows` node's rope, cache write and
+/// bias (none of them for a plain decode matmul), its tensors and step
+/// scalars.
 pub struct GroupMember<'a> {
     pub rope: Option<&'a weft_ops::RopeParams>,
     pub write: Option<weft_ops::RowsWrite>,
+    pub bias: bool,
     pub ins: &'a [DeviceTensor],
     pub outs: &'a [DeviceTensor],
     pub step: u64,
@@ -109,6 +113,8 @@ pub(super) const KERNELS: &[&str] = &[
     "mm_q4_k_t4",
     "mm_q6_k_t1",
     "mm_q6_k_t4",
+    "mm_q4_k_t1_staged",
+    "mm_q6_k_t1_staged",
     "mm_f32_dot_t1",
     "mm_f32_dot64_t1",
     "mm_f16_dot64_t1",
@@ -168,9 +174,20 @@ pub(super) fn supports_rows(
     node: &OpNode,
     rope: Option<&weft_ops::RopeParams>,
     write: Option<weft_ops::RowsWrite>,
+    bias: bool,
 ) -> Result<(), OpError> {
     const OP: &str = "matmul_rows";
     decode_operands(OP, &node.inputs[0], &node.inputs[1])?;
+    if bias {
+        let b = node.inputs.get(2 + rope.is_some() as usize);
+        if !b.is_some_and(|b| b.dtype == DType::F32 && b.shape.elements() == node.inputs[1].rows())
+        {
+            return Err(unsupported(
+                OP,
+                "a bias that is not one f32 row of the product's width".into(),
+            ));
+        }
+    }
     if let Some(r) = rope {
         if r.mode != weft_ops::RopeMode::Normal
             || r.head_dim == 0
@@ -408,6 +425,25 @@ pub(super) unsafe fn launch_group(
         check_aligned(OP, w, natural_alignment(wdtype))?;
         check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
         let m = w.tensor.rows();
+        let bias = if mb.bias {
+            let b = mb
+                .ins
+                .get(2 + mb.rope.is_some() as usize)
+                .ok_or_else(|| bad_call(OP, "a bias needs its input".into()))?;
+            if b.tensor.dtype != DType::F32 || b.tensor.shape.elements() != m {
+                return Err(bad_call(
+                    OP,
+                    format!(
+                        "a {} bias of {:?} for {m} rows",
+                        b.tensor.dtype, b.tensor.shape
+                    ),
+                ));
+            }
+            check_aligned(OP, b, 4)?;
+            b.ptr
+        } else {
+            0
+        };
         let (positions, table, ra) = match mb.rope {
             Some(p) => {
                 let (table, len) = kernels.rope_table(p).ok_or_else(|| {
@@ -452,20 +488,21 @@ pub(super) unsafe fn launch_group(
             first_block: blocks as i32,
             mode: 4 * mb.rope.is_some() as i32 + d,
             pre: w.constant as i32,
+            bias,
         };
         blocks += m.div_ceil(block_rows);
     }
     // A lone plain matvec of a tall Q8_0 matrix: the staged kernel.
     if let [mb] = members {
-        if segs[0].mode == 0 {
-            if let Some(bytes) = staged_shared_bytes(kernels, &mb.ins[1]) {
+        if segs[0].mode == 0 && segs[0].bias == 0 {
+            if let Some(plan) = staged_plan(kernels, &mb.ins[1]) {
                 return launch_staged(
                     kernels,
                     stream,
                     &mb.ins[1],
                     x.ptr,
                     mb.outs[0].ptr,
-                    bytes,
+                    &plan,
                     OP,
                 );
             }
@@ -505,29 +542,54 @@ pub(super) const LARGE_SHARED: &[&str] = &[
     "mm_q8_0_t1_long",
     "mm_q8_0_t8",
     "mm_q8_0_t1_staged",
+    "mm_q4_k_t1_staged",
+    "mm_q6_k_t1_staged",
 ];
 
-/// Rows per block of the staged decode matvec (matmul.cu's
+/// Rows per block of the staged Q8_0 decode matvec (matmul.cu's
 /// `mm_q8_0_t1_staged`).
 const STAGED_ROWS: usize = 32;
 /// Q8_0 decode matvecs of at least this many rows (an output projection
 /// over the vocabulary) take the staged kernel: their 34-byte blocks are
 /// only 2-byte aligned, so `mv_rows32` loads them in 2-byte pieces.
 const STAGED_MIN_ROWS: usize = 8192;
+/// Rows per block of the staged K-format decode matvecs
+/// (`mm_q4_k_t1_staged`, `mm_q6_k_t1_staged`): as many blocks as
+/// [`MV_ROWS_PER_BLOCK`] gives the 32-element formats, so a matrix of a few
+/// hundred rows still spreads over the device.
+const STAGED_KQUANT_ROWS: usize = 8;
 
-/// The staged decode matvec's shared memory for weights `w` (32 rows, then
-/// the activation row), when it serves them: Q8_0, tall, 16-byte aligned,
-/// and within the block's shared-memory limit.
-fn staged_shared_bytes(kernels: &CudaKernels, w: &DeviceTensor) -> Option<usize> {
-    let (m, k) = (w.tensor.rows(), w.tensor.cols());
-    if w.tensor.dtype != DType::Q8_0 || m < STAGED_MIN_ROWS || !w.ptr.is_multiple_of(16) {
-        return None;
-    }
-    let bytes = STAGED_ROWS * w.tensor.row_bytes() + vec_dot_type(DType::Q8_0).row_bytes(k)?;
-    (bytes <= kernels.large_shared_limit).then_some(bytes)
+/// A decode matvec whose weight rows are staged in shared memory.
+struct Staged {
+    kernel: &'static str,
+    rows_per_block: usize,
+    shared_bytes: usize,
 }
 
-/// Launches the staged decode matvec: `out` = the product of `w` with the
+/// The staged decode matvec for weights `w` (a block's rows, then the
+/// activation row, in shared memory), when one serves them: tall Q8_0, or
+/// Q4_K / Q6_K; 16-byte aligned, within the block's shared-memory limit.
+fn staged_plan(kernels: &CudaKernels, w: &DeviceTensor) -> Option<Staged> {
+    let (m, k) = (w.tensor.rows(), w.tensor.cols());
+    let (kernel, rows_per_block) = match w.tensor.dtype {
+        DType::Q8_0 if m >= STAGED_MIN_ROWS => ("mm_q8_0_t1_staged", STAGED_ROWS),
+        DType::Q4_K => ("mm_q4_k_t1_staged", STAGED_KQUANT_ROWS),
+        DType::Q6_K => ("mm_q6_k_t1_staged", STAGED_KQUANT_ROWS),
+        _ => return None,
+    };
+    if !w.ptr.is_multiple_of(16) {
+        return None;
+    }
+    let shared_bytes =
+        rows_per_block * w.tensor.row_bytes() + vec_dot_type(w.tensor.dtype).row_bytes(k)?;
+    (shared_bytes <= kernels.large_shared_limit).then_some(Staged {
+        kernel,
+        rows_per_block,
+        shared_bytes,
+    })
+}
+
+/// Launches a staged decode matvec: `out` = the product of `w` with the
 /// quantized activation row at `act`.
 ///
 /// # Safety
@@ -538,23 +600,23 @@ unsafe fn launch_staged(
     w: &DeviceTensor,
     act: u64,
     out: u64,
-    shared_bytes: usize,
+    plan: &Staged,
     op: &'static str,
 ) -> Result<(), OpError> {
     let m = w.tensor.rows();
     enqueue(
         stream,
-        kernels.fns.get(op, "mm_q8_0_t1_staged")?,
-        (m.div_ceil(STAGED_ROWS) as u32, 1, 1),
-        8 * STAGED_ROWS as u32,
-        shared_bytes as u32,
+        kernels.fns.get(op, plan.kernel)?,
+        (m.div_ceil(plan.rows_per_block) as u32, 1, 1),
+        8 * plan.rows_per_block as u32,
+        plan.shared_bytes as u32,
         &[
             Arg::Ptr(w.ptr),
             Arg::Ptr(act),
             Arg::Ptr(out),
             Arg::I32(m as i32),
             Arg::I32(1),
-            Arg::I32((w.tensor.cols() / 32) as i32),
+            Arg::I32((w.tensor.cols() / w.tensor.dtype.block_len()) as i32),
             Arg::I32(w.constant as i32),
         ],
         op,
@@ -717,8 +779,8 @@ pub(super) unsafe fn launch(
         }
     }
     if n == 1 {
-        if let Some(bytes) = staged_shared_bytes(kernels, w) {
-            return launch_staged(kernels, stream, w, act, out.ptr, bytes, OP);
+        if let Some(plan) = staged_plan(kernels, w) {
+            return launch_staged(kernels, stream, w, act, out.ptr, &plan, OP);
         }
     }
     let p = plan(w.tensor.dtype, k, m, n);

@@ -247,7 +247,9 @@ impl CudaKernels {
             Op::Attention(p) => attention::supports(node, p),
             Op::AttentionQuantize(p) => attention::supports_quantized(node, p),
             Op::ProjAttention(p) => proj_attention::supports(node, p, self.large_shared_limit),
-            Op::MatMulRows { rope, write } => matmul::supports_rows(node, rope.as_ref(), *write),
+            Op::MatMulRows { rope, write, bias } => {
+                matmul::supports_rows(node, rope.as_ref(), *write, *bias)
+            }
             Op::MatMulSiluQuantize { up } => matmul::supports_silu(node, *up),
             Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
@@ -437,10 +439,11 @@ impl CudaKernels {
             Op::GetRows => rows::get_rows(self, s, ins, outs),
             Op::QuantizeRows => rows::quantize(self, s, ins, outs),
             Op::MatMul => matmul::launch(self, s, node, ins, outs, scratch),
-            Op::MatMulRows { rope, write } => {
+            Op::MatMulRows { rope, write, bias } => {
                 let member = GroupMember {
                     rope: rope.as_ref(),
                     write: *write,
+                    bias: *bias,
                     ins,
                     outs,
                     step,

@@ -245,9 +245,9 @@ pub fn run_gpu_group(g: Option<&Gpu>, nodes: &[OpNode], mem: &HostMemory) -> Vec
         .zip(&resolved)
         .zip(&steps)
         .map(|((n, (ins, outs)), step)| {
-            let (rope, write) = match &n.op {
-                weft_ops::Op::MatMulRows { rope, write } => (rope.as_ref(), *write),
-                _ => (None, None),
+            let (rope, write, bias) = match &n.op {
+                weft_ops::Op::MatMulRows { rope, write, bias } => (rope.as_ref(), *write, *bias),
+                _ => (None, None, false),
             };
             assert!(
                 g.kernels.shared_launch_limit(n) > 1,
@@ -257,6 +257,7 @@ pub fn run_gpu_group(g: Option<&Gpu>, nodes: &[OpNode], mem: &HostMemory) -> Vec
             GroupMember {
                 rope,
                 write,
+                bias,
                 ins,
                 outs,
                 step: if g.kernels.step_scalars(n).is_empty() {

@@ -48,13 +48,24 @@ fn matmul_bit_exact_every_format() {
     let mut failures = Vec::new();
     for wdtype in formats {
         let k_list: &[usize] = match wdtype {
-            DType::Q4_K | DType::Q6_K => &[256, 1536],
+            // 4864: Qwen2.5's feed-forward rows (19 super-blocks; Q6_K rows
+            // end inside a 16-byte piece).
+            DType::Q4_K | DType::Q6_K => &[256, 1536, 4864],
             // 16420: DeepSeek-V4's mixer rows (16384) plus a tail.
             DType::F32 | DType::F16 | DType::BF16 => &[576, 100, 1536, 16420],
             _ => &[576, 1536, 2400],
         };
         for &k in k_list {
-            for (m, n) in [(576, 1), (192, 1), (100, 3), (576, 5), (64, 64), (132, 130)] {
+            // (100, 1): a decode matvec whose last block of rows is partial.
+            for (m, n) in [
+                (576, 1),
+                (192, 1),
+                (100, 1),
+                (100, 3),
+                (576, 5),
+                (64, 64),
+                (132, 130),
+            ] {
                 for f32_input in [false, true] {
                     let mut mem = HostMemory::default();
                     let w = weights(&mut rng, &mut mem, wdtype, m, k);
@@ -141,8 +152,10 @@ fn matmul_rows_bit_exact() {
                     (Some(DType::F32), 40, Some(16u32)),
                     (Some(DType::BF16), 3, None),
                 ] {
-                    for with_rope in [true, false] {
-                        if !with_rope && cache.is_none() {
+                    for (with_rope, bias) in
+                        [(true, false), (false, false), (true, true), (false, true)]
+                    {
+                        if !with_rope && cache.is_none() && !bias {
                             continue;
                         }
                         let mut mem = HostMemory::default();
@@ -163,15 +176,19 @@ fn matmul_rows_bit_exact() {
                             }
                         };
                         let write = cache.map(|_| weft_ops::RowsWrite { start, ring });
-                        let (inputs, rope_p) = if with_rope {
+                        let (mut inputs, rope_p) = if with_rope {
                             (vec![x, w, pos], Some(rope))
                         } else {
                             (vec![x, w], None)
                         };
+                        if bias {
+                            inputs.push(mem.f32_tensor(&[m], &rng.vec(m, 1.0)).unwrap());
+                        }
                         let nd = node(
                             Op::MatMulRows {
                                 rope: rope_p,
                                 write,
+                                bias,
                             },
                             inputs,
                             vec![out],
@@ -223,11 +240,19 @@ fn grouped_decode_matvecs_bit_exact() {
             let wp = weights(&mut rng, &mut mem, wdtype, 40, k);
             let q = mem.zeros(DType::F32, &[1, 576]).unwrap();
             let p = mem.zeros(DType::F32, &[1, 40]).unwrap();
-            let rows = |rope, write, ins, out| node(Op::MatMulRows { rope, write }, ins, vec![out]);
+            // Qwen's q, k and v carry biases: the query's and the value's
+            // here (the key's is plain).
+            let (bq, bv) = (
+                mem.f32_tensor(&[576], &rng.vec(576, 1.0)).unwrap(),
+                mem.f32_tensor(&[1, 192], &rng.vec(192, 1.0)).unwrap(),
+            );
+            let rows = |rope, write, bias, ins, out| {
+                node(Op::MatMulRows { rope, write, bias }, ins, vec![out])
+            };
             let write = |start, ring| Some(weft_ops::RowsWrite { start, ring });
-            let qn = rows(Some(rope), None, vec![x, wq, pos], q);
-            let kn = rows(Some(rope), write(21, None), vec![x, wk, pos], kc);
-            let vn = rows(None, write(30, Some(16)), vec![x, wv], vc);
+            let qn = rows(Some(rope), None, true, vec![x, wq, pos, bq], q);
+            let kn = rows(Some(rope), write(21, None), false, vec![x, wk, pos], kc);
+            let vn = rows(None, write(30, Some(16)), true, vec![x, wv, bv], vc);
             let pn = node(Op::MatMul, vec![x, wp], vec![p]);
             for group in [
                 vec![qn.clone(), kn.clone(), vn.clone()],

@@ -63,7 +63,15 @@ fn matmul_rows_equals_its_chain() {
     let mut rng = Rng::new(43);
     let (m, k) = (128, 256);
     let rope = RopeParams::plain(RopeMode::Normal, 64, 64, 10000.0);
-    for (with_rope, cache) in [(true, false), (false, true), (true, true)] {
+    for (with_rope, cache, bias) in [
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, false, true),
+        (true, false, true),
+        (false, true, true),
+        (true, true, true),
+    ] {
         let mut mem = HostMemory::default();
         let w = mem.f32_tensor(&[m, k], &rng.vec(m * k, 1.0)).unwrap();
         let x = mem.f32_tensor(&[1, k], &rng.vec(k, 1.0)).unwrap();
@@ -80,21 +88,31 @@ fn matmul_rows_equals_its_chain() {
             start: 3,
             ring: None,
         });
+        let b = mem.f32_tensor(&[m], &rng.vec(m, 1.0)).unwrap();
         let mut inputs = vec![x, w];
         if with_rope {
             inputs.push(pos);
+        }
+        if bias {
+            inputs.push(b);
         }
         let fused = node(
             Op::MatMulRows {
                 rope: with_rope.then_some(rope),
                 write,
+                bias,
             },
             inputs,
             vec![fused_out],
         );
         assert!(cpu::supports(&fused).is_err(), "the CPU must not fuse it");
         let got = run_cpu(&fused, &mem, 3);
-        let mut m1 = run_cpu(&node(Op::MatMul, vec![x, w], vec![h]), &mem, 3);
+        let plain = !with_rope && !cache;
+        let product = if plain { chain_out } else { h };
+        let mut m1 = run_cpu(&node(Op::MatMul, vec![x, w], vec![product]), &mem, 3);
+        if bias {
+            m1 = run_cpu(&node(Op::Add, vec![product, b], vec![product]), &m1, 3);
+        }
         let mut last = h;
         if with_rope {
             let dst = if cache { r } else { chain_out };

@@ -102,13 +102,14 @@ impl CudaBackend {
             .iter()
             .map(|&i| {
                 let n = &cb.nodes[i];
-                let (rope, write) = match &n.node.op {
-                    Op::MatMulRows { rope, write } => (rope.as_ref(), *write),
-                    _ => (None, None),
+                let (rope, write, bias) = match &n.node.op {
+                    Op::MatMulRows { rope, write, bias } => (rope.as_ref(), *write, *bias),
+                    _ => (None, None, false),
                 };
                 weft_kernels::cuda::GroupMember {
                     rope,
                     write,
+                    bias,
                     ins: &n.ins,
                     outs: &n.outs,
                     step: step(i),
