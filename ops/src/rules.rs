@@ -258,6 +258,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         }
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
+        | Op::GeluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
