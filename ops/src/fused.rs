@@ -49,14 +49,6 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![m], vec![outs[0]]),
             ]
         }
-        Op::GeluMulQuantize => {
-            arity(2, 1)?;
-            let m = scratch(DType::F32, ins[0].shape.dims())?;
-            vec![
-                OpNode::new(Op::GeluMul, vec![ins[0], ins[1]], vec![m]),
-                OpNode::new(Op::QuantizeRows, vec![m], vec![outs[0]]),
-            ]
-        }
         Op::RopeSetRows { rope, start, ring } => {
             arity(2, 1)?;
             let r = scratch(DType::F32, ins[0].shape.dims())?;
@@ -193,7 +185,6 @@ pub fn starts_pair(op: &Op) -> bool {
         op,
         Op::RmsNorm { .. }
             | Op::SiluMul
-            | Op::GeluMul
             | Op::Rope(_)
             | Op::Add
             | Op::Attention(_)
@@ -288,11 +279,6 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
         }
         (Op::SiluMul, Op::QuantizeRows) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
             Op::SiluMulQuantize,
-            first.inputs.clone(),
-            second.outputs.clone(),
-        )),
-        (Op::GeluMul, Op::QuantizeRows) if reads_out(0) && !keep_intermediate => Some(OpNode::new(
-            Op::GeluMulQuantize,
             first.inputs.clone(),
             second.outputs.clone(),
         )),

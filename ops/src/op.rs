@@ -245,9 +245,6 @@ pub enum Op {
     /// Fused `silu_mul` then `quantize`: inputs `gate`, `up`; output the
     /// quantized product.
     SiluMulQuantize,
-    /// Fused `gelu_mul` then `quantize`: inputs `gate`, `up`; output the
-    /// quantized product (Gemma's feed-forward middle).
-    GeluMulQuantize,
     /// Fused `rope` then `set_rows`: inputs `x`, `positions`; output the
     /// cache, whose rows are written as `set_rows` writes them.
     RopeSetRows {
@@ -523,7 +520,6 @@ impl Op {
             Op::MoeGather { .. } => "moe_gather",
             Op::RmsNormQuantize { .. } => "rms_norm+quantize",
             Op::SiluMulQuantize => "silu_mul+quantize",
-            Op::GeluMulQuantize => "gelu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",

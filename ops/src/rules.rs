@@ -258,7 +258,6 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         }
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
-        | Op::GeluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)

@@ -208,7 +208,6 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         weft_ops::family_ops!() => family::split(node, threads),
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
-        | Op::GeluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
     }
@@ -295,7 +294,6 @@ pub unsafe fn run_item(
         Op::Copy => rows::copy(&ins[0], out, units),
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
-        | Op::GeluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
         Op::AttentionQuantize(_)

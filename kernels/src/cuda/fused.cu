@@ -223,51 +223,38 @@ NORM_QUANT_WARPS_ENTRIES(q8_1, 1)
 // silu(g) * u as the CPU's silu_mul computes it.
 DEV float silu_times(float g, float u) { return (g / (1.0f + ggml_v_expf(0.0f - g))) * u; }
 
-// The gated product of element i: silu(g) * u, or with GELU (the table's
-// gelu(g) * u as gelu_mul computes it).
-template <bool GELU>
-DEV float glu_value(const float* g, const float* u, size_t i, const u16* table) {
-    if (!GELU) return silu_times(g[i], u[i]);
-    const float x = g[i];
-    return x <= -10.0f ? 0.0f : gelu_tab(x, table) * u[i];
-}
+DEV float silu_mul_value(const float* g, const float* u, size_t i) { return silu_times(g[i], u[i]); }
 
-// silu(gate) * up (or gelu), quantized. Rows are contiguous, so block k of
-// the whole tensor is block k of the output.
-template <int F, bool GELU>
-DEV void glu_quant_body(const float* g, const float* u, u8* out, int rows, int cols,
-                        const u16* table) {
+// silu(gate) * up, quantized. Rows are contiguous, so block k of the whole
+// tensor is block k of the output.
+template <int F>
+DEV void silu_quant_body(const float* g, const float* u, u8* out, int rows, int cols) {
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t total = (size_t)rows * cols;
     if (F == 0 || F == 1) {
         // One warp per 32-element block, one element per lane.
         const size_t gw = tid >> 5;
         if (gw >= total / 32) return;  // uniform per warp
-        quant_q8_warp<F>(glu_value<GELU>(g, u, tid, table), out + gw * (F == 1 ? 36 : 34));
+        quant_q8_warp<F>(silu_mul_value(g, u, tid), out + gw * (F == 1 ? 36 : 34));
     } else if (F == 2) {
         const size_t gw = tid >> 5;
         if (gw >= total / 256) return;
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = glu_value<GELU>(g, u, gw * 256 + (tid & 31) * 8 + i, table);
+        for (int i = 0; i < 8; i++) v[i] = silu_mul_value(g, u, gw * 256 + (tid & 31) * 8 + i);
         quant_q8k_warp(v, out + gw * Q8K_BYTES);
     } else {
         if (tid >= total) return;
-        const float v = glu_value<GELU>(g, u, tid, table);
+        const float v = silu_mul_value(g, u, tid);
         ((u16*)out)[tid] = F == 3 ? f2h(v) : f2bf(v);
     }
 }
 
 #define SILU_QUANT_ENTRY(SUFFIX, F)                                                            \
     extern "C" __global__ void silu_mul_quant_##SUFFIX(const float* g, const float* u, u8* out, \
-                                                        int rows, int cols, const u16* table) { \
+                                                        int rows, int cols) {                  \
         pdl_sync();                                                                            \
-        glu_quant_body<F, false>(g, u, out, rows, cols, table);                                \
-    }                                                                                          \
-    extern "C" __global__ void gelu_mul_quant_##SUFFIX(const float* g, const float* u, u8* out, \
-                                                        int rows, int cols, const u16* table) { \
-        pdl_sync();                                                                            \
-        glu_quant_body<F, true>(g, u, out, rows, cols, table);                                 \
+        silu_quant_body<F>(g, u, out, rows, cols);                                             \
     }
 SILU_QUANT_ENTRY(q8_0, 0)
 SILU_QUANT_ENTRY(q8_1, 1)

@@ -30,11 +30,6 @@ pub(super) const KERNELS: &[&str] = &[
     "silu_mul_quant_q8_k",
     "silu_mul_quant_f16",
     "silu_mul_quant_bf16",
-    "gelu_mul_quant_q8_0",
-    "gelu_mul_quant_q8_1",
-    "gelu_mul_quant_q8_k",
-    "gelu_mul_quant_f16",
-    "gelu_mul_quant_bf16",
     "rope_set_rows_f32",
     "rope_set_rows_f16",
     "rope_set_rows_bf16",
@@ -226,34 +221,18 @@ fn norm_launch(
 
 /// # Safety
 /// See [`CudaKernels::launch`].
-pub(super) unsafe fn glu_quantize(
+pub(super) unsafe fn silu_mul_quantize(
     kernels: &CudaKernels,
     stream: &CudaStream,
-    gelu: bool,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
 ) -> Result<(), OpError> {
-    let (op, act) = if gelu {
-        ("gelu_mul_quantize", "gelu")
-    } else {
-        ("silu_mul_quantize", "silu")
-    };
-    // The silu kernels take the table argument and ignore it.
-    let table = if gelu {
-        kernels.gelu_table_ptr().ok_or_else(|| {
-            bad_call(
-                op,
-                "the GELU table is not uploaded: call prepare() first".into(),
-            )
-        })?
-    } else {
-        0
-    };
-    check_arity(op, ins, outs, 2)?;
+    const OP: &str = "silu_mul_quantize";
+    check_arity(OP, ins, outs, 2)?;
     let (g, u, out) = (&ins[0], &ins[1], &outs[0]);
-    check_aligned(op, g, 4)?;
-    check_aligned(op, u, 4)?;
-    check_aligned(op, out, natural_alignment(out.tensor.dtype))?;
+    check_aligned(OP, g, 4)?;
+    check_aligned(OP, u, 4)?;
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
     let (rows, cols) = (g.tensor.rows(), g.tensor.cols());
     let total = (rows * cols) as u64;
     // Q8_0 / Q8_1: a warp per block, a thread per element.
@@ -261,10 +240,10 @@ pub(super) unsafe fn glu_quantize(
         DType::Q8_K => total / 256 * 32,
         _ => total,
     };
-    let name = format!("{act}_mul_quant_{}", act_suffix(op, out.tensor.dtype)?);
+    let name = format!("silu_mul_quant_{}", act_suffix(OP, out.tensor.dtype)?);
     enqueue(
         stream,
-        kernels.fns.get(op, &name)?,
+        kernels.fns.get(OP, &name)?,
         (blocks_for(threads), 1, 1),
         BLOCK,
         0,
@@ -274,9 +253,8 @@ pub(super) unsafe fn glu_quantize(
             Arg::Ptr(out.ptr),
             Arg::I32(rows as i32),
             Arg::I32(cols as i32),
-            Arg::Ptr(table),
         ],
-        op,
+        OP,
     )
 }
 

@@ -282,10 +282,6 @@ impl CudaKernels {
                 f32_inputs()?;
                 fused::supports_quantized("silu_mul_quantize", &node.outputs[0])
             }
-            Op::GeluMulQuantize => {
-                f32_inputs()?;
-                fused::supports_quantized("gelu_mul_quantize", &node.outputs[0])
-            }
             Op::RopeSetRows { rope, .. } => {
                 if rope.n_dims > rope.head_dim
                     || rope.head_dim == 0
@@ -363,7 +359,7 @@ impl CudaKernels {
                 }
                 Ok(())
             }
-            (Op::Gelu | Op::GeluMul | Op::GeluMulQuantize, None) => {
+            (Op::Gelu | Op::GeluMul, None) => {
                 if self.gelu.get().is_none() {
                     let table = stream
                         .clone_htod(crate::cpu::glu::gelu_table())
@@ -493,8 +489,7 @@ impl CudaKernels {
             Op::AddRmsNormQuantize { eps } => {
                 fused::add_rms_norm_quantize(self, s, ins, outs, *eps, early)
             }
-            Op::SiluMulQuantize => fused::glu_quantize(self, s, false, ins, outs),
-            Op::GeluMulQuantize => fused::glu_quantize(self, s, true, ins, outs),
+            Op::SiluMulQuantize => fused::silu_mul_quantize(self, s, ins, outs),
             Op::RopeSetRows { rope, start, ring } => {
                 fused::rope_set_rows(self, s, rope, *start, *ring, ins, outs, step)
             }

@@ -158,8 +158,6 @@ fn fused_ops_bit_exact() {
             check_exact(g, &what("rms_norm_quantize"), &n, &mut mem);
             let n = node(Op::SiluMulQuantize, vec![x, u], vec![q]);
             check_exact(g, &what("silu_mul_quantize"), &n, &mut mem);
-            let n = node(Op::GeluMulQuantize, vec![x, u], vec![q]);
-            check_exact(g, &what("gelu_mul_quantize"), &n, &mut mem);
             for bb in [b, b1] {
                 let n = node(
                     Op::AddRmsNormQuantize { eps: 1e-5 },

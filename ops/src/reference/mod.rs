@@ -193,7 +193,6 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         crate::family_ops!() => family::run(node, mem)?,
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
-        | Op::GeluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
