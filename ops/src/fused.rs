@@ -73,6 +73,27 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
             ]
         }
+        Op::NormAddRmsNormQuantize { eps_b, eps } => {
+            arity(4, 2)?;
+            if ins[1].shape.dims() != ins[0].shape.dims() {
+                return Err(OpError::Param {
+                    op: node.op.name(),
+                    message: format!(
+                        "the post-normed input is {:?}, the residual {:?} (the same shape)",
+                        ins[1].shape.dims(),
+                        ins[0].shape.dims()
+                    ),
+                });
+            }
+            let hb = scratch(DType::F32, ins[1].shape.dims())?;
+            let h = scratch(DType::F32, ins[0].shape.dims())?;
+            vec![
+                OpNode::new(Op::RmsNorm { eps: *eps_b }, vec![ins[1], ins[2]], vec![hb]),
+                OpNode::new(Op::Add, vec![ins[0], hb], vec![outs[0]]),
+                OpNode::new(Op::RmsNorm { eps: *eps }, vec![outs[0], ins[3]], vec![h]),
+                OpNode::new(Op::QuantizeRows, vec![h], vec![outs[1]]),
+            ]
+        }
         Op::MatMulRows { rope, write, bias } => {
             let with_rope = rope.is_some() as usize;
             arity(2 + with_rope + *bias as usize, 1)?;
@@ -431,6 +452,27 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
         // cache is read later: the node still writes it).
         (Op::MatMulRows { write: Some(_), .. }, Op::ProjAttention(_)) => {
             absorb_projection(first, second, 1).or_else(|| absorb_projection(first, second, 2))
+        }
+        // A post-norm added into the residual, then the next norm.
+        (Op::RmsNorm { eps: eps_b }, Op::AddRmsNormQuantize { eps })
+            if second.inputs[1] == out
+                && second.inputs[0] != out
+                && second.inputs[0].shape == out.shape
+                && !keep_intermediate =>
+        {
+            Some(OpNode::new(
+                Op::NormAddRmsNormQuantize {
+                    eps_b: *eps_b,
+                    eps: *eps,
+                },
+                vec![
+                    second.inputs[0],
+                    first.inputs[0],
+                    first.inputs[1],
+                    second.inputs[2],
+                ],
+                second.outputs.clone(),
+            ))
         }
         // In-place residual add, then the next norm: the sum stays written.
         (Op::Add, Op::RmsNormQuantize { eps }) if reads_out(0) && first.inputs[0] == out => {

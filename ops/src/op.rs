@@ -262,6 +262,17 @@ pub enum Op {
         /// As in [`Op::RmsNorm`].
         eps: f32,
     },
+    /// Fused `rms_norm` of `b` (a post-norm), then the in-place residual
+    /// `add` of it, then `rms_norm` and `quantize` (Gemma's post-attention
+    /// and post-feed-forward norms with the next pre-norm): inputs `x`,
+    /// `b`, `w_b`, `w`; outputs `x` (overwritten with `x + rms_norm(b) *
+    /// w_b`) and the quantized normalised sum.
+    NormAddRmsNormQuantize {
+        /// `b`'s norm's epsilon.
+        eps_b: f32,
+        /// The sum's norm's epsilon.
+        eps: f32,
+    },
     /// Fused `matmul` then what reads its rows: a bias added in place (when
     /// `bias` is set), `rope` (when `rope` is set) and/or `set_rows` into a
     /// cache (when `write` is set; the output is the cache). Inputs `x`,
@@ -522,6 +533,7 @@ impl Op {
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
+            Op::NormAddRmsNormQuantize { .. } => "rms_norm+add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",
             Op::ProjAttention(_) => "qkv+attention+quantize",
             Op::MatMulSiluQuantize { up: false } => "matmul+silu_mul+quantize",

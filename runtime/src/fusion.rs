@@ -407,4 +407,29 @@ mod tests {
         assert_eq!(fused[2].inputs, vec![x, wv, bv]);
         assert_eq!(replay(payloads, &rounds), Some(fused));
     }
+
+    /// Gemma's post-norm, residual add, next norm and quantize become one
+    /// node: the norm-quantize pair, then the add, then the post-norm.
+    #[test]
+    fn post_norm_folds_into_the_next_norm() {
+        let (x, o) = (t(0, DType::F32, &[1, 64]), t(1, DType::F32, &[1, 64]));
+        let (wp, w) = (t(2, DType::F32, &[64]), t(3, DType::F32, &[64]));
+        let (hp, h) = (t(4, DType::F32, &[1, 64]), t(5, DType::F32, &[1, 64]));
+        let q = t(6, DType::Q8_0, &[1, 64]);
+        let payloads = vec![
+            OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![o, wp], vec![hp]),
+            OpNode::new(Op::Add, vec![x, hp], vec![x]),
+            OpNode::new(Op::RmsNorm { eps: 1e-6 }, vec![x, w], vec![h]),
+            OpNode::new(Op::QuantizeRows, vec![h], vec![q]),
+        ];
+        let mut nodes = graph_nodes(&payloads);
+        let mut fused = payloads.clone();
+        let dead: HashSet<BufferId> = [BufferId(4), BufferId(5)].into();
+        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, false);
+        assert_eq!(fused.len(), 1, "{fused:?}");
+        assert!(matches!(fused[0].op, Op::NormAddRmsNormQuantize { .. }));
+        assert_eq!(fused[0].inputs, vec![x, o, wp, w]);
+        assert_eq!(fused[0].outputs, vec![x, q]);
+        assert_eq!(replay(payloads, &rounds), Some(fused));
+    }
 }

@@ -209,7 +209,8 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
-        | Op::AddRmsNormQuantize { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
+        | Op::AddRmsNormQuantize { .. }
+        | Op::NormAddRmsNormQuantize { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
     }
 }
 
@@ -295,7 +296,8 @@ pub unsafe fn run_item(
         Op::RmsNormQuantize { .. }
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
-        | Op::AddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
+        | Op::AddRmsNormQuantize { .. }
+        | Op::NormAddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
         Op::AttentionQuantize(_)
         | Op::ProjAttention(_)
         | Op::MatMulRows { .. }

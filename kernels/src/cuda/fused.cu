@@ -166,25 +166,14 @@ NORM_QUANT_ENTRIES(bf16, 4)
 // any order; where it does not decide the f32, lane 0 of each warp sums the
 // staged squares in order). The quantization is then one warp reduction
 // (quant_q8_warp) instead of a lane's 32-step loop.
-template <int F, bool ADD>
-DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, float* sum_out,
-                               u8* out, int cols, float eps, int broadcast, int pre) {
-    __shared__ float row[1024];
-    __shared__ double part[32];
+// The mean of the squares of the block's row (thread c holding element c,
+// blockDim.x == cols) as the CPU's f64 sum gives it: each warp's butterfly,
+// the warps' partial sums through `part`, the bound of seq_sum_finish, and
+// lane 0's sum of the staged squares in order where the bound does not
+// decide. `row` and `part` are free again after the block's next barrier.
+DEV float warps_row_mean(float v, float* row, double* part, int cols) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int c = threadIdx.x;  // blockDim.x == cols
-    const size_t at = (size_t)blockIdx.x * cols + c;
-    if (pre & 2) pdl_trigger();  // bit 1: the next kernel may launch first
-    pre &= 1;                    // bit 0: the weights are constant
-    float wc = pre ? w[c] : 0.0f;
-    pdl_sync();
-    if (!pre) wc = w[c];
-    float v = x[at];
-    if (ADD) {
-        v = v + b[(broadcast ? 0 : (size_t)blockIdx.x * cols) + c];
-        sum_out[at] = v;  // in place when sum_out is x: only this thread reads x[at]
-    }
-    row[c] = v;
+    row[threadIdx.x] = v;
     double s = (double)(v * v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
@@ -201,6 +190,58 @@ DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, f
         auto term = [&](int i) -> double { return (double)(row[i] * row[i]); };
         mean = finish(seq_sum_plain(term, cols));
     }
+    return mean;
+}
+
+template <int F, bool ADD>
+DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, float* sum_out,
+                               u8* out, int cols, float eps, int broadcast, int pre) {
+    __shared__ float row[1024];
+    __shared__ double part[32];
+    const int warp = threadIdx.x >> 5;
+    const int c = threadIdx.x;  // blockDim.x == cols
+    const size_t at = (size_t)blockIdx.x * cols + c;
+    if (pre & 2) pdl_trigger();  // bit 1: the next kernel may launch first
+    pre &= 1;                    // bit 0: the weights are constant
+    float wc = pre ? w[c] : 0.0f;
+    pdl_sync();
+    if (!pre) wc = w[c];
+    float v = x[at];
+    if (ADD) {
+        v = v + b[(broadcast ? 0 : (size_t)blockIdx.x * cols) + c];
+        sum_out[at] = v;  // in place when sum_out is x: only this thread reads x[at]
+    }
+    const float mean = warps_row_mean(v, row, part, cols);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    u8* dst = out + (size_t)blockIdx.x * act_row_bytes(F, cols);
+    quant_q8_warp<F>((v * scale) * wc, dst + (size_t)warp * (F == 1 ? 36 : 34));
+}
+
+// rms_norm of b (weights wb), added into x in place, then rms_norm and
+// Q8_0 / Q8_1 (F) of the sum: norm_quant_warps_body with b's norm first,
+// each norm computed as the CPU's rms_norm computes it.
+template <int F>
+DEV void norm_add_norm_quant_warps_body(const float* x, const float* b, const float* wb,
+                                        const float* w, float* sum_out, u8* out, int cols,
+                                        float eps_b, float eps, int broadcast, int pre) {
+    __shared__ float row[1024];
+    __shared__ double part[32];
+    const int warp = threadIdx.x >> 5;
+    const int c = threadIdx.x;  // blockDim.x == cols
+    const size_t at = (size_t)blockIdx.x * cols + c;
+    float wbc = pre ? wb[c] : 0.0f, wc = pre ? w[c] : 0.0f;
+    pdl_sync();
+    if (!pre) {
+        wbc = wb[c];
+        wc = w[c];
+    }
+    const float bv = b[(broadcast ? 0 : (size_t)blockIdx.x * cols) + c];
+    const float mean_b = warps_row_mean(bv, row, part, cols);
+    const float hb = (bv * (1.0f / sqrtf(mean_b + eps_b))) * wbc;
+    __syncthreads();  // row and part are read again below
+    const float v = x[at] + hb;
+    sum_out[at] = v;  // in place when sum_out is x: only this thread reads x[at]
+    const float mean = warps_row_mean(v, row, part, cols);
     const float scale = 1.0f / sqrtf(mean + eps);
     u8* dst = out + (size_t)blockIdx.x * act_row_bytes(F, cols);
     quant_q8_warp<F>((v * scale) * wc, dst + (size_t)warp * (F == 1 ? 36 : 34));
@@ -219,6 +260,18 @@ DEV void norm_quant_warps_body(const float* x, const float* b, const float* w, f
     }
 NORM_QUANT_WARPS_ENTRIES(q8_0, 0)
 NORM_QUANT_WARPS_ENTRIES(q8_1, 1)
+
+// (norm_add_norm_quant_warps_body waits on the kernels before; `pre`: both
+// weights are constant.)
+#define NORM_ADD_NORM_ENTRY(SUFFIX, F)                                                         \
+    extern "C" __global__ void __launch_bounds__(1024) norm_add_norm_quant_warps_##SUFFIX(     \
+        const float* x, const float* b, const float* wb, const float* w, float* sum_out,       \
+        u8* out, int cols, float eps_b, float eps, int broadcast, int pre) {                   \
+        norm_add_norm_quant_warps_body<F>(x, b, wb, w, sum_out, out, cols, eps_b, eps,         \
+                                          broadcast, pre);                                     \
+    }
+NORM_ADD_NORM_ENTRY(q8_0, 0)
+NORM_ADD_NORM_ENTRY(q8_1, 1)
 
 // silu(g) * u as the CPU's silu_mul computes it.
 DEV float silu_times(float g, float u) { return (g / (1.0f + ggml_v_expf(0.0f - g))) * u; }

@@ -25,6 +25,8 @@ pub(super) const KERNELS: &[&str] = &[
     "rms_norm_quant_warps_q8_1",
     "add_rms_norm_quant_warps_q8_0",
     "add_rms_norm_quant_warps_q8_1",
+    "norm_add_norm_quant_warps_q8_0",
+    "norm_add_norm_quant_warps_q8_1",
     "silu_mul_quant_q8_0",
     "silu_mul_quant_q8_1",
     "silu_mul_quant_q8_k",
@@ -59,6 +61,79 @@ fn warps_suffix(out: DType, cols: usize, method: i32) -> Option<&'static str> {
         DType::Q8_1 => Some("q8_1"),
         _ => None,
     }
+}
+
+/// A post-norm, residual add and pre-norm in one kernel
+/// (`norm_add_norm_quant_warps_*`): rows of 32..=1024 values in whole
+/// blocks quantized to Q8_0 / Q8_1, the post-normed input of the
+/// residual's shape.
+pub(super) fn supports_norm_add_norm(node: &OpNode) -> Result<(), OpError> {
+    const OP: &str = "norm_add_norm_quantize";
+    let (x, b, out) = (&node.inputs[0], &node.inputs[1], &node.outputs[1]);
+    let cols = x.cols();
+    let rows_ok = b.shape == x.shape;
+    if warps_suffix(out.dtype, cols, super::launch::F64_SUM_BOUNDED).is_none() || !rows_ok {
+        return Err(unsupported(
+            OP,
+            format!(
+                "rows of {cols} into {} (32 to 1024 values in whole Q8_0 / Q8_1 blocks)",
+                out.dtype
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// # Safety
+/// See [`CudaKernels::launch`].
+pub(super) unsafe fn norm_add_norm_quantize(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    ins: &[DeviceTensor],
+    outs: &[DeviceTensor],
+    eps_b: f32,
+    eps: f32,
+) -> Result<(), OpError> {
+    const OP: &str = "norm_add_norm_quantize";
+    check_arity(OP, ins, outs, 4)?;
+    if outs.len() < 2 {
+        return Err(bad_call(
+            OP,
+            "expected two outputs (the sum and the quantized rows)".into(),
+        ));
+    }
+    let (x, b, wb, w, sum, out) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0], &outs[1]);
+    for t in [x, b, wb, w, sum] {
+        check_aligned(OP, t, 4)?;
+    }
+    check_aligned(OP, out, natural_alignment(out.tensor.dtype))?;
+    let (rows, cols) = (x.tensor.rows(), x.tensor.cols());
+    let suffix = warps_suffix(out.tensor.dtype, cols, super::launch::F64_SUM_BOUNDED)
+        .ok_or_else(|| bad_call(OP, format!("rows of {cols} into {}", out.tensor.dtype)))?;
+    let pre = (wb.constant && w.constant) as i32;
+    enqueue(
+        stream,
+        kernels
+            .fns
+            .get(OP, &format!("norm_add_norm_quant_warps_{suffix}"))?,
+        (rows as u32, 1, 1),
+        cols as u32,
+        0,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr(b.ptr),
+            Arg::Ptr(wb.ptr),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(sum.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(cols as i32),
+            Arg::F32(eps_b),
+            Arg::F32(eps),
+            Arg::I32((b.tensor.rows() == 1) as i32),
+            Arg::I32(pre),
+        ],
+        OP,
+    )
 }
 
 pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), OpError> {

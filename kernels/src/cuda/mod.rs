@@ -274,6 +274,10 @@ impl CudaKernels {
                 f32_inputs()?;
                 fused::supports_quantized("rms_norm_quantize", &node.outputs[0])
             }
+            Op::NormAddRmsNormQuantize { .. } => {
+                f32_inputs()?;
+                fused::supports_norm_add_norm(node)
+            }
             Op::AddRmsNormQuantize { .. } => {
                 f32_inputs()?;
                 fused::supports_quantized("add_rms_norm_quantize", &node.outputs[1])
@@ -485,6 +489,9 @@ impl CudaKernels {
             Op::Copy => rows::copy(self, s, ins, outs),
             Op::RmsNormQuantize { eps } => {
                 fused::rms_norm_quantize(self, s, ins, outs, *eps, early)
+            }
+            Op::NormAddRmsNormQuantize { eps_b, eps } => {
+                fused::norm_add_norm_quantize(self, s, ins, outs, *eps_b, *eps)
             }
             Op::AddRmsNormQuantize { eps } => {
                 fused::add_rms_norm_quantize(self, s, ins, outs, *eps, early)

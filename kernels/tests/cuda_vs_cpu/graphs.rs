@@ -158,6 +158,7 @@ fn fused_ops_bit_exact() {
             check_exact(g, &what("rms_norm_quantize"), &n, &mut mem);
             let n = node(Op::SiluMulQuantize, vec![x, u], vec![q]);
             check_exact(g, &what("silu_mul_quantize"), &n, &mut mem);
+            let wb = mem.f32_tensor(&[cols], &rng.vec(cols, 2.0)).unwrap();
             for bb in [b, b1] {
                 let n = node(
                     Op::AddRmsNormQuantize { eps: 1e-5 },
@@ -165,6 +166,23 @@ fn fused_ops_bit_exact() {
                     vec![x, q],
                 );
                 check_exact(g, &what("add_rms_norm_quantize (in place)"), &n, &mut mem);
+                // Gemma's post-norm, residual add and next pre-norm (the
+                // CUDA kernel takes the warp-per-block shapes only; the
+                // post-normed input has the residual's shape).
+                if bb != b {
+                    continue;
+                }
+                let n = node(
+                    Op::NormAddRmsNormQuantize {
+                        eps_b: 1e-6,
+                        eps: 1e-5,
+                    },
+                    vec![x, bb, wb, w],
+                    vec![x, q],
+                );
+                if matches!(act, DType::Q8_0 | DType::Q8_1) && cols <= 1024 {
+                    check_exact(g, &what("norm_add_norm_quantize (in place)"), &n, &mut mem);
+                }
             }
         }
     }

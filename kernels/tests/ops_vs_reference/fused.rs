@@ -173,3 +173,55 @@ fn matmul_silu_quantize_equals_its_chain() {
         );
     }
 }
+
+/// Gemma's post-norm, residual add, next norm and quantize, run by the CPU's
+/// threads by rows, equals its chain bit for bit; a post-normed input of
+/// another shape than the residual's is refused, not broadcast.
+#[test]
+fn norm_add_norm_quantize_equals_its_chain() {
+    let mut rng = Rng::new(53);
+    let (rows, cols) = (5, 640);
+    let mut mem = HostMemory::default();
+    let x0 = rng.vec(rows * cols, 1.0);
+    let x = mem.f32_tensor(&[rows, cols], &x0).unwrap();
+    let xc = mem.f32_tensor(&[rows, cols], &x0).unwrap();
+    let o = mem
+        .f32_tensor(&[rows, cols], &rng.vec(rows * cols, 3.0))
+        .unwrap();
+    let wp = mem.f32_tensor(&[cols], &rng.vec(cols, 2.0)).unwrap();
+    let w = mem.f32_tensor(&[cols], &rng.vec(cols, 1.0)).unwrap();
+    let (hp, h) = (
+        mem.zeros(DType::F32, &[rows, cols]).unwrap(),
+        mem.zeros(DType::F32, &[rows, cols]).unwrap(),
+    );
+    let (q, qc) = (
+        mem.zeros(DType::Q8_0, &[rows, cols]).unwrap(),
+        mem.zeros(DType::Q8_0, &[rows, cols]).unwrap(),
+    );
+    let op = Op::NormAddRmsNormQuantize {
+        eps_b: 1e-6,
+        eps: 1e-5,
+    };
+    let fused = node(op.clone(), vec![x, o, wp, w], vec![x, q]);
+    fused.validate().unwrap();
+    let got = run_cpu(&fused, &mem, 3);
+    let mut m = run_cpu(
+        &node(Op::RmsNorm { eps: 1e-6 }, vec![o, wp], vec![hp]),
+        &mem,
+        3,
+    );
+    m = run_cpu(&node(Op::Add, vec![xc, hp], vec![xc]), &m, 3);
+    m = run_cpu(
+        &node(Op::RmsNorm { eps: 1e-5 }, vec![xc, w], vec![h]),
+        &m,
+        3,
+    );
+    m = run_cpu(&node(Op::QuantizeRows, vec![h], vec![qc]), &m, 3);
+    assert_eq!(got.bytes(&x), m.bytes(&xc), "the sum");
+    assert_eq!(got.bytes(&q), m.bytes(&qc), "the quantized rows");
+    let one = mem.f32_tensor(&[1, cols], &rng.vec(cols, 1.0)).unwrap();
+    let err = OpNode::new(op, vec![x, one, wp, w], vec![x, q])
+        .validate()
+        .unwrap_err();
+    assert!(err.to_string().contains("post-normed"), "{err}");
+}
