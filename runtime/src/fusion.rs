@@ -194,6 +194,22 @@ mod tests {
         Tensor::new(BufferId(buffer), 0, dtype, Shape::new(dims)).unwrap()
     }
 
+    /// A decode step's attention over two query heads of 64 at position 3.
+    fn decode_attention() -> weft_ops::AttentionParams {
+        weft_ops::AttentionParams {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            scale: 0.125,
+            q_position: 3,
+            window: None,
+            ring: None,
+            softcap: 0.0,
+            kv_capacity: 16,
+            flash: true,
+        }
+    }
+
     /// The recording's nodes for `payloads`, with their exact ranges.
     fn graph_nodes(payloads: &[OpNode]) -> Vec<Node> {
         payloads
@@ -237,7 +253,7 @@ mod tests {
     /// query first (its row is dead), then the cache writers (kept).
     #[test]
     fn projections_fold_into_attention() {
-        use weft_ops::{AttentionParams, RopeMode, RopeParams, RowsWrite};
+        use weft_ops::{RopeMode, RopeParams, RowsWrite};
         let x = t(0, DType::Q8_1, &[1, 64]);
         let (wq, wk, wv) = (
             t(1, DType::Q4_1, &[128, 64]),
@@ -253,18 +269,7 @@ mod tests {
             start: 3,
             ring: None,
         });
-        let attn = AttentionParams {
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 64,
-            scale: 0.125,
-            q_position: 3,
-            window: None,
-            ring: None,
-            softcap: 0.0,
-            kv_capacity: 16,
-            flash: true,
-        };
+        let attn = decode_attention();
         let payloads = vec![
             OpNode::new(
                 Op::MatMulRows {
@@ -332,7 +337,7 @@ mod tests {
     /// fused attention takes no biases).
     #[test]
     fn biased_projections_fuse_into_matmul_rows() {
-        use weft_ops::{AttentionParams, RopeMode, RopeParams};
+        use weft_ops::{RopeMode, RopeParams};
         let x = t(0, DType::Q8_0, &[1, 64]);
         let (wq, wk, wv) = (
             t(1, DType::Q5_0, &[128, 64]),
@@ -354,18 +359,7 @@ mod tests {
         let (kc, vc) = (t(13, DType::F16, &[16, 64]), t(14, DType::F16, &[16, 64]));
         let out = t(15, DType::Q8_0, &[1, 128]);
         let rope = RopeParams::plain(RopeMode::Neox, 64, 64, 1e6);
-        let attn = AttentionParams {
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 64,
-            scale: 0.125,
-            q_position: 3,
-            window: None,
-            ring: None,
-            softcap: 0.0,
-            kv_capacity: 16,
-            flash: true,
-        };
+        let attn = decode_attention();
         let set = Op::SetRows {
             start: 3,
             ring: None,

@@ -96,12 +96,7 @@ pub(super) unsafe fn norm_add_norm_quantize(
 ) -> Result<(), OpError> {
     const OP: &str = "norm_add_norm_quantize";
     check_arity(OP, ins, outs, 4)?;
-    if outs.len() < 2 {
-        return Err(bad_call(
-            OP,
-            "expected two outputs (the sum and the quantized rows)".into(),
-        ));
-    }
+    sum_and_rows(OP, outs)?;
     let (x, b, wb, w, sum, out) = (&ins[0], &ins[1], &ins[2], &ins[3], &outs[0], &outs[1]);
     for t in [x, b, wb, w, sum] {
         check_aligned(OP, t, 4)?;
@@ -134,6 +129,17 @@ pub(super) unsafe fn norm_add_norm_quantize(
         ],
         OP,
     )
+}
+
+/// A fused add's two outputs: the sum and the quantized rows.
+fn sum_and_rows(op: &'static str, outs: &[DeviceTensor]) -> Result<(), OpError> {
+    if outs.len() < 2 {
+        return Err(bad_call(
+            op,
+            "expected two outputs (the sum and the quantized rows)".into(),
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn supports_quantized(op: &'static str, out: &Tensor) -> Result<(), OpError> {
@@ -180,12 +186,7 @@ pub(super) unsafe fn add_rms_norm_quantize(
 ) -> Result<(), OpError> {
     const OP: &str = "add_rms_norm_quantize";
     check_arity(OP, ins, outs, 3)?;
-    if outs.len() < 2 {
-        return Err(bad_call(
-            OP,
-            "expected two outputs (the sum and the quantized rows)".into(),
-        ));
-    }
+    sum_and_rows(OP, outs)?;
     let (x, b, w, sum, out) = (&ins[0], &ins[1], &ins[2], &outs[0], &outs[1]);
     let o = NormOperands {
         x,
