@@ -37,7 +37,31 @@ struct Case {
     bytes: usize,
 }
 
+/// Whether `WEFT_TEST_BENCH_FILTER` (comma-separated parts of case names)
+/// keeps the case `name`: cases it drops are never built (building the
+/// large ones takes seconds each).
+fn wanted(name: &str) -> bool {
+    std::env::var("WEFT_TEST_BENCH_FILTER")
+        .map_or(true, |f| f.split(',').any(|part| name.contains(part)))
+}
+
+impl Case {
+    /// A case the filter dropped: no nodes, nothing timed.
+    fn skipped(name: String) -> Case {
+        Case {
+            name,
+            nodes: Vec::new(),
+            mem: HostMemory::default(),
+            bytes: 0,
+        }
+    }
+}
+
 fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Case {
+    let name = format!("matmul {wdtype} {m}x{k} n={n}");
+    if !wanted(&name) {
+        return Case::skipped(name);
+    }
     let mut mem = HostMemory::default();
     let row: Vec<u8> = quantized(wdtype, &rng.rows(1, k));
     let wbytes = row.len() * m;
@@ -62,7 +86,7 @@ fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Ca
         nodes.push(node(Op::MatMul, vec![x, w], vec![o]));
     }
     Case {
-        name: format!("matmul {wdtype} {m}x{k} n={n}"),
+        name,
         nodes,
         mem,
         bytes: wbytes + act.len() + n * m * 4,
@@ -73,6 +97,10 @@ fn matvec_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize, n: usize) -> Ca
 /// experts each out of `experts` (x shared by a token's slots), random
 /// weight blocks.
 fn expert_case(rng: &mut Rng, wdtype: DType, experts: usize, m: usize, k: usize, n: usize) -> Case {
+    let name = format!("matmul_id {wdtype} {experts}x{m}x{k} n={n}");
+    if !wanted(&name) {
+        return Case::skipped(name);
+    }
     use cuda_common::experts::{expert_weights, matmul_id_node, route, Route};
     let mut mem = HostMemory::default();
     let w = expert_weights(rng, &mut mem, wdtype, [experts, m, k], 0, true);
@@ -80,7 +108,7 @@ fn expert_case(rng: &mut Rng, wdtype: DType, experts: usize, m: usize, k: usize,
     let nd = matmul_id_node(rng, &mut mem, w, &ids, n, false);
     let bytes = experts * m * wdtype.row_bytes(k).unwrap();
     Case {
-        name: format!("matmul_id {wdtype} {experts}x{m}x{k} n={n}"),
+        name,
         nodes: vec![nd],
         mem,
         bytes,
@@ -90,6 +118,10 @@ fn expert_case(rng: &mut Rng, wdtype: DType, experts: usize, m: usize, k: usize,
 /// The feed-forward's fused gate/up projection with silu_mul and quantize
 /// (one decode token), weights rotated as in `matvec_case`.
 fn gate_up_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
+    let name = format!("gate_up+silu_mul+quantize {wdtype} {m}x{k} n=1");
+    if !wanted(&name) {
+        return Case::skipped(name);
+    }
     let mut mem = HostMemory::default();
     let row_bytes = quantized(wdtype, &rng.rows(1, k)).len();
     let wbytes = 2 * row_bytes * m;
@@ -114,7 +146,7 @@ fn gate_up_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
         ));
     }
     Case {
-        name: format!("gate_up+silu_mul+quantize {wdtype} {m}x{k} n=1"),
+        name,
         nodes,
         mem,
         bytes: wbytes + act.len(),
@@ -124,6 +156,10 @@ fn gate_up_case(rng: &mut Rng, wdtype: DType, m: usize, k: usize) -> Case {
 fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
     let (heads, kvh, d) = (9, 3, 64);
     let rows = q_position as usize + n;
+    let name = format!("attention f16 n={n} at {q_position} ({rows} cached)");
+    if !wanted(&name) {
+        return Case::skipped(name);
+    }
     let mut mem = HostMemory::default();
     let q = mem
         .f32_tensor(&[n, heads * d], &rng.vec(n * heads * d, 1.0))
@@ -146,7 +182,7 @@ fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
         flash: true,
     };
     Case {
-        name: format!("attention f16 n={n} at {q_position} ({rows} cached)"),
+        name,
         nodes: vec![node(Op::Attention(p), vec![q, k, v], vec![o])],
         mem,
         bytes: 2 * rows * kvh * d * 2,
@@ -154,6 +190,9 @@ fn attention_case(rng: &mut Rng, n: usize, q_position: u32) -> Case {
 }
 
 fn simple_case(name: &str, build: impl FnOnce(&mut HostMemory) -> (OpNode, usize)) -> Case {
+    if !wanted(name) {
+        return Case::skipped(name.to_string());
+    }
     let mut mem = HostMemory::default();
     let (n, bytes) = build(&mut mem);
     Case {
@@ -466,10 +505,8 @@ fn main() {
         attention_case(&mut rng, 1, 4095),
         attention_case(&mut rng, 1, 16383),
     ];
-    if let Ok(filter) = std::env::var("WEFT_TEST_BENCH_FILTER") {
-        cases.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
-        prefill.retain(|c| filter.split(',').any(|f| c.name.contains(f)));
-    }
+    cases.retain(|c| !c.nodes.is_empty());
+    prefill.retain(|c| !c.nodes.is_empty());
     let Some(g) = g else {
         println!("dry run: {} cases built", cases.len());
         return;
