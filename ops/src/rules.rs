@@ -260,6 +260,7 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
+        | Op::RopeScale { .. }
         | Op::NormAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::ProjAttention(_)

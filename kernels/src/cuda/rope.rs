@@ -132,6 +132,7 @@ pub(super) unsafe fn launch(
     kernels: &CudaKernels,
     stream: &CudaStream,
     p: &RopeParams,
+    factor: f32,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
 ) -> Result<(), OpError> {
@@ -161,6 +162,7 @@ pub(super) unsafe fn launch(
             Arg::Ptr(out.ptr),
             Arg::Ptr(table_ptr),
             Arg::Rope(args),
+            Arg::F32(factor),
         ],
         OP,
     )

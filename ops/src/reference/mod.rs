@@ -195,6 +195,7 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
+        | Op::RopeScale { .. }
         | Op::NormAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::ProjAttention(_)
