@@ -49,14 +49,6 @@ pub fn decompose(
                 OpNode::new(Op::QuantizeRows, vec![m], vec![outs[0]]),
             ]
         }
-        Op::RopeScale { rope, factor } => {
-            arity(2, 1)?;
-            let r = scratch(DType::F32, ins[0].shape.dims())?;
-            vec![
-                OpNode::new(Op::Rope(*rope), vec![ins[0], ins[1]], vec![r]),
-                OpNode::new(Op::Scale { factor: *factor }, vec![r], vec![outs[0]]),
-            ]
-        }
         Op::RopeSetRows { rope, start, ring } => {
             arity(2, 1)?;
             let r = scratch(DType::F32, ins[0].shape.dims())?;
@@ -311,16 +303,6 @@ pub fn fuse_pair(first: &OpNode, second: &OpNode, keep_intermediate: bool) -> Op
             first.inputs.clone(),
             second.outputs.clone(),
         )),
-        (Op::Rope(rope), Op::Scale { factor }) if reads_out(0) && !keep_intermediate => {
-            Some(OpNode::new(
-                Op::RopeScale {
-                    rope: *rope,
-                    factor: *factor,
-                },
-                first.inputs.clone(),
-                second.outputs.clone(),
-            ))
-        }
         (Op::Rope(rope), Op::SetRows { start, ring }) if reads_out(0) && !keep_intermediate => {
             Some(OpNode::new(
                 Op::RopeSetRows {

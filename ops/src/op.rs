@@ -245,14 +245,6 @@ pub enum Op {
     /// Fused `silu_mul` then `quantize`: inputs `gate`, `up`; output the
     /// quantized product.
     SiluMulQuantize,
-    /// Fused `rope` then `scale`: inputs `x`, `positions`; output the
-    /// rotated rows times `factor` (Gemma's query, scaled before attention).
-    RopeScale {
-        /// As in [`Op::Rope`].
-        rope: RopeParams,
-        /// As in [`Op::Scale`].
-        factor: f32,
-    },
     /// Fused `rope` then `set_rows`: inputs `x`, `positions`; output the
     /// cache, whose rows are written as `set_rows` writes them.
     RopeSetRows {
@@ -540,7 +532,6 @@ impl Op {
             Op::RmsNormQuantize { .. } => "rms_norm+quantize",
             Op::SiluMulQuantize => "silu_mul+quantize",
             Op::RopeSetRows { .. } => "rope+set_rows",
-            Op::RopeScale { .. } => "rope+scale",
             Op::AddRmsNormQuantize { .. } => "add+rms_norm+quantize",
             Op::NormAddRmsNormQuantize { .. } => "rms_norm+add+rms_norm+quantize",
             Op::AttentionQuantize(_) => "attention+quantize",

@@ -260,7 +260,6 @@ pub fn validate(node: &OpNode) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::RopeScale { .. }
         | Op::NormAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::ProjAttention(_)

@@ -426,24 +426,4 @@ mod tests {
         assert_eq!(fused[0].outputs, vec![x, q]);
         assert_eq!(replay(payloads, &rounds), Some(fused));
     }
-
-    /// Gemma's query rope and scale become one node.
-    #[test]
-    fn query_scale_folds_into_its_rope() {
-        use weft_ops::{RopeMode, RopeParams};
-        let (q, pos) = (t(0, DType::F32, &[1, 256]), t(1, DType::I32, &[1]));
-        let (r, out) = (t(2, DType::F32, &[1, 256]), t(3, DType::F32, &[1, 256]));
-        let rope = RopeParams::plain(RopeMode::Neox, 256, 256, 1e6);
-        let payloads = vec![
-            OpNode::new(Op::Rope(rope), vec![q, pos], vec![r]),
-            OpNode::new(Op::Scale { factor: 0.0625 }, vec![r], vec![out]),
-        ];
-        let mut nodes = graph_nodes(&payloads);
-        let mut fused = payloads.clone();
-        let dead: HashSet<BufferId> = [BufferId(2)].into();
-        let rounds = fuse(&mut nodes, &mut fused, &dead, &|_| true, true, false);
-        assert_eq!(fused.len(), 1, "{fused:?}");
-        assert!(matches!(fused[0].op, Op::RopeScale { factor, .. } if factor == 0.0625));
-        assert_eq!(replay(payloads, &rounds), Some(fused));
-    }
 }

@@ -210,8 +210,7 @@ pub fn work_split_for(node: &OpNode, threads: usize, numerics: Numerics) -> Work
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::NormAddRmsNormQuantize { .. }
-        | Op::RopeScale { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
+        | Op::NormAddRmsNormQuantize { .. } => WorkSplit::new(rows, rows_per_item(rows, threads)),
     }
 }
 
@@ -298,8 +297,7 @@ pub unsafe fn run_item(
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::NormAddRmsNormQuantize { .. }
-        | Op::RopeScale { .. } => fused::run(node, ins, outs, units).map(|_| ()),
+        | Op::NormAddRmsNormQuantize { .. } => fused::run(node, ins, outs, units).map(|_| ()),
         Op::AttentionQuantize(_)
         | Op::ProjAttention(_)
         | Op::MatMulRows { .. }

@@ -251,7 +251,7 @@ impl CudaKernels {
                 matmul::supports_rows(node, rope.as_ref(), *write, *bias)
             }
             Op::MatMulSiluQuantize { up } => matmul::supports_silu(node, *up),
-            Op::Rope(p) | Op::RopeScale { rope: p, .. } => {
+            Op::Rope(p) => {
                 if p.n_dims > p.head_dim || p.head_dim == 0 || !p.n_dims.is_multiple_of(2) {
                     return Err(launch::unsupported(
                         "rope",
@@ -348,7 +348,7 @@ impl CudaKernels {
     /// table for the node's parameters, or the GELU table.
     pub fn prepare(&self, node: &OpNode, stream: &Arc<CudaStream>) -> Result<(), OpError> {
         let rope = match &node.op {
-            Op::Rope(p) | Op::RopeScale { rope: p, .. } => Some(*p),
+            Op::Rope(p) => Some(*p),
             _ => fused::rope_params(node),
         };
         match (&node.op, rope) {
@@ -460,8 +460,7 @@ impl CudaKernels {
             Op::Add | Op::Mul | Op::Scale { .. } | Op::SiluMul | Op::Gelu | Op::GeluMul => {
                 elementwise::launch(self, s, node, ins, outs)
             }
-            Op::Rope(p) => rope::launch(self, s, p, 1.0, ins, outs),
-            Op::RopeScale { rope, factor } => rope::launch(self, s, rope, *factor, ins, outs),
+            Op::Rope(p) => rope::launch(self, s, p, ins, outs),
             Op::Softmax { scale } => softmax::launch(self, s, ins, outs, *scale),
             Op::Attention(p) | Op::AttentionQuantize(p) => match self.split_attention(node) {
                 Some(shape) => {

@@ -5,8 +5,6 @@
 // 2 ulp of glibc, so no longer bit-exact). The rotation is the contraction
 // gcc makes of ggml's C: fma(x0, c, -(x1 s)), fma(x0, s, x1 c).
 // One thread per (row, head, pair); pass-through elements are copied.
-// `factor` scales every output (rope+scale: the product as scale computes
-// it); a plain rope passes 1 and skips it.
 
 struct RopeArgs {
     int rows, cols, head_dim, n_dims, neox;
@@ -29,8 +27,7 @@ DEV float2 rope_angle_fallback(const RopeArgs& a, int pos, int pair) {
 }
 
 extern "C" __global__ void rope_f32(const float* x, const i32* positions, float* out,
-                                    const float2* table, RopeArgs a, float factor) {
-    const bool scaled = factor != 1.0f;
+                                    const float2* table, RopeArgs a) {
     pdl_sync();
     const int heads = a.cols / a.head_dim;
     const int half = a.n_dims / 2;
@@ -44,7 +41,7 @@ extern "C" __global__ void rope_f32(const float* x, const i32* positions, float*
     const size_t base = (size_t)r * a.cols + (size_t)h * a.head_dim;
     if (j >= half) {
         const int d = a.n_dims + (j - half);
-        out[base + d] = scaled ? x[base + d] * factor : x[base + d];
+        out[base + d] = x[base + d];
         return;
     }
     const int pos = positions[r];
@@ -54,8 +51,6 @@ extern "C" __global__ void rope_f32(const float* x, const i32* positions, float*
     const int ia = a.neox ? j : 2 * j;
     const int ib = a.neox ? j + half : 2 * j + 1;
     const float x0 = x[base + ia], x1 = x[base + ib];
-    const float ya = __fmaf_rn(x0, cs.x, -(x1 * cs.y));
-    const float yb = __fmaf_rn(x0, cs.y, x1 * cs.x);
-    out[base + ia] = scaled ? __fmul_rn(ya, factor) : ya;
-    out[base + ib] = scaled ? __fmul_rn(yb, factor) : yb;
+    out[base + ia] = __fmaf_rn(x0, cs.x, -(x1 * cs.y));
+    out[base + ib] = __fmaf_rn(x0, cs.y, x1 * cs.x);
 }

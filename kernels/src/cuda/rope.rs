@@ -132,7 +132,6 @@ pub(super) unsafe fn launch(
     kernels: &CudaKernels,
     stream: &CudaStream,
     p: &RopeParams,
-    factor: f32,
     ins: &[DeviceTensor],
     outs: &[DeviceTensor],
 ) -> Result<(), OpError> {
@@ -162,7 +161,6 @@ pub(super) unsafe fn launch(
             Arg::Ptr(out.ptr),
             Arg::Ptr(table_ptr),
             Arg::Rope(args),
-            Arg::F32(factor),
         ],
         OP,
     )

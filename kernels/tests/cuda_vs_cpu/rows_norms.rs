@@ -341,15 +341,6 @@ fn rope_bit_exact_from_the_angle_table() {
                     &n,
                     &mut mem,
                 );
-                // Gemma's query: rope then scale, in one kernel.
-                let factor = 0.0625;
-                let n = node(Op::RopeScale { rope: p, factor }, vec![x, pt], vec![o]);
-                check_exact(
-                    g,
-                    &format!("rope+scale {mode:?} n_dims {n_dims} yarn {yarn}"),
-                    &n,
-                    &mut mem,
-                );
                 // Past the table: CUDA's cosf/sinf, within a few ulp.
                 let far: Vec<i32> = (0..rows as i32).map(|i| 40000 + 977 * i).collect();
                 let ft = mem

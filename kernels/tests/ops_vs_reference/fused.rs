@@ -225,36 +225,3 @@ fn norm_add_norm_quantize_equals_its_chain() {
         .unwrap_err();
     assert!(err.to_string().contains("post-normed"), "{err}");
 }
-
-/// Gemma's query rotation and scale, run by the CPU's threads by rows,
-/// equals rope then scale bit for bit (pass-through dimensions included).
-#[test]
-fn rope_scale_equals_its_chain() {
-    let mut rng = Rng::new(59);
-    let (rows, heads, d) = (6, 4, 64);
-    for (mode, n_dims) in [(RopeMode::Neox, 64), (RopeMode::Normal, 32)] {
-        let rope = RopeParams::plain(mode, d, n_dims, 10000.0);
-        let mut mem = HostMemory::default();
-        let x = mem
-            .f32_tensor(&[rows, heads * d], &rng.vec(rows * heads * d, 2.0))
-            .unwrap();
-        let pos: Vec<i32> = (0..rows as i32).map(|i| 3 + 7 * i).collect();
-        let p = mem
-            .tensor(DType::I32, &[rows], bytemuck::cast_slice(&pos))
-            .unwrap();
-        let (r, out, chain) = (
-            mem.zeros(DType::F32, &[rows, heads * d]).unwrap(),
-            mem.zeros(DType::F32, &[rows, heads * d]).unwrap(),
-            mem.zeros(DType::F32, &[rows, heads * d]).unwrap(),
-        );
-        let factor = 0.125;
-        let got = run_cpu(
-            &node(Op::RopeScale { rope, factor }, vec![x, p], vec![out]),
-            &mem,
-            3,
-        );
-        let m = run_cpu(&node(Op::Rope(rope), vec![x, p], vec![r]), &mem, 3);
-        let m = run_cpu(&node(Op::Scale { factor }, vec![r], vec![chain]), &m, 3);
-        assert_eq!(got.bytes(&out), m.bytes(&chain), "rope+scale {mode:?}");
-    }
-}

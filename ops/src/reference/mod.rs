@@ -195,7 +195,6 @@ pub fn run(node: &OpNode, mem: &mut HostMemory) -> Result<(), OpError> {
         | Op::SiluMulQuantize
         | Op::RopeSetRows { .. }
         | Op::AddRmsNormQuantize { .. }
-        | Op::RopeScale { .. }
         | Op::NormAddRmsNormQuantize { .. }
         | Op::AttentionQuantize(_)
         | Op::ProjAttention(_)
